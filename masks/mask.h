@@ -1,0 +1,66 @@
+/*
+ * The attention mask of SPEC 3 and an exact classifier of (query block, key block) pairs.
+ * Internal header (ra__ prefix); the tests include it directly.
+ */
+#ifndef RINGATTN_MASKS_MASK_H
+#define RINGATTN_MASKS_MASK_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Window (left, right) of SPEC 3, causal already folded in (right = 0); -1 = unbounded. */
+typedef struct ra_window {
+    int64_t left, right;
+} ra_window;
+
+/*
+ * A run of tokens of ONE sequence whose positions (counted from the sequence start) are
+ * pos, pos + stride, ..., pos + (count - 1) * stride; stride >= 1. Every layout of SPEC 8 cuts
+ * a rank's tokens into such runs (contiguous and zigzag: stride 1; striped: stride P).
+ */
+typedef struct ra_span {
+    int32_t seq;
+    int64_t pos, stride, count;
+} ra_span;
+
+typedef enum ra_block_kind {
+    RA_BLOCK_EMPTY = 0,   /* no allowed pair: skip compute (and communication) exactly */
+    RA_BLOCK_PARTIAL = 1, /* some pairs allowed: apply the mask per row */
+    RA_BLOCK_FULL = 2     /* every pair allowed: no mask evaluation at all */
+} ra_block_kind;
+
+/* SPEC 3: may query (seq_i, p_i) see key (seq_j, p_j)? delta = L_k - L_q of the sequence. */
+static inline int ra__allowed(ra_window w, int64_t delta, int32_t seq_i, int64_t p_i,
+                              int32_t seq_j, int64_t p_j)
+{
+    if (seq_i != seq_j) return 0;
+    if (w.left >= 0 && p_j < p_i + delta - w.left) return 0;
+    if (w.right >= 0 && p_j > p_i + delta + w.right) return 0;
+    return 1;
+}
+
+/*
+ * Exact classification of every pair (q token a, k token b). Because the allowed keys of one
+ * query form an interval of positions and a span's positions increase, they are an index
+ * interval [row_begin[a], row_end[a]) of the key span; when row_begin/row_end are non-NULL
+ * (q->count entries each) those intervals are written (empty rows get begin == end).
+ * O(q->count) time.
+ */
+ra_block_kind ra__classify_block(ra_window w, int64_t delta, const ra_span *q, const ra_span *k,
+                                 int32_t *row_begin, int32_t *row_end);
+
+/*
+ * The index interval [*kbegin, *kend) of a key span that any query of span q may see
+ * (a hull: keys outside it are masked for every query). O(1).
+ */
+void ra__key_hull(ra_window w, int64_t delta, const ra_span *q, const ra_span *k, int64_t *kbegin,
+                  int64_t *kend);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
