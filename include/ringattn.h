@@ -87,7 +87,7 @@ typedef struct ringattn_plan_desc {
     float softcap;               /* 0: off */
     const float *alibi_slopes;   /* [num_heads] or NULL; copied */
     int key_bias_heads, keep_k;  /* dynamic mask (SPEC 6): not yet supported, must be 0 */
-    int block_q, block_k;        /* tile sizes in tokens, 0 = default (tuning and tests) */
+    int block_q, block_k;        /* tile sizes in tokens, 0..1024, 0 = default (tuning, tests) */
     int num_threads;             /* CPU threads, 0 = OpenMP's default */
 } ringattn_plan_desc_t;
 

@@ -59,6 +59,18 @@ ra_block_kind ra__classify_block(ra_window w, int64_t delta, const ra_span *q, c
 void ra__key_hull(ra_window w, int64_t delta, const ra_span *q, const ra_span *k, int64_t *kbegin,
                   int64_t *kend);
 
+/*
+ * The index interval [*qbegin, *qend) of a query span q that some key of span k is visible to:
+ * the same hull with the roles swapped, since allowed(i, j) under window (l, r) and delta is
+ * allowed(j, i) under window (r, l) and -delta.
+ */
+static inline void ra__query_hull(ra_window w, int64_t delta, const ra_span *k, const ra_span *q,
+                                  int64_t *qbegin, int64_t *qend)
+{
+    const ra_window t = {w.right, w.left};
+    ra__key_hull(t, -delta, k, q, qbegin, qend);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,93 @@
+/*
+ * CPU backend internals: per-thread tile workspace, tile loads/stores, logits of a tile and a
+ * vectorisable exp. Tiles never cross a sequence; tile products go through BLAS (sgemm).
+ */
+#ifndef RINGATTN_KERNELS_CPU_CPU_H
+#define RINGATTN_KERNELS_CPU_CPU_H
+
+#include <stdint.h>
+
+#include "masks/mask.h"
+#include "ring/plan.h"
+#include "ring/tensor.h"
+
+#define RA_CPU_DEFAULT_BLOCK_Q 128
+#define RA_CPU_DEFAULT_BLOCK_K 128
+
+/* One thread's tile buffers (float32), carved from one slab. */
+typedef struct ra_thread_ws {
+    float *q, *k, *v, *dout, *o; /* converted input tiles (unused for float32 storage) */
+    float *s, *dp, *tanh_s;      /* [block_q, block_k] logits/probabilities, dP/dZ, tanh */
+    float *acc;                  /* [block_q, max(D, D_v)]: forward acc, dQ */
+    float *dk, *dv;              /* [block_k, D], [block_k, D_v]: backward key-tile sums */
+    float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
+    int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
+} ra_thread_ws;
+
+struct ra_workspace {
+    int threads, block_q, block_k;
+    int64_t q_tiles, k_tiles;   /* tiles over all sequences */
+    int64_t *q_tile_first;      /* [num_seqs + 1] first q tile of each sequence */
+    int64_t *k_tile_first;      /* [num_seqs + 1] */
+    ra_thread_ws *per_thread;   /* [threads] */
+    void *slab;
+};
+
+/* Makes (first call) or reuses the plan's workspace for this call's thread count. */
+ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads);
+void ra__cpu_workspace_free(struct ra_workspace *ws);
+int ra__cpu_threads(const struct ringattn_plan *p);
+/*
+ * Tile number `tile` of the tiling of every sequence of cu into blocks of `block` rows (first:
+ * first tile of each sequence): its sequence, start row within it, and row count (returned).
+ */
+int ra__tile_rows(const int64_t *first, const int32_t *cu, int num_seqs, int block, int64_t tile,
+                  int *seq, int64_t *start);
+
+/*
+ * Rows [row0, row0 + n) of head h as float32: a pointer into the caller's tensor for float32
+ * storage (*ld = its row stride), else converted into buf (*ld = dim).
+ */
+const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
+                           int dim, float *buf, int64_t *ld);
+/* Writes n rows of dim float32 values (row stride ld) to rows [row0, row0 + n) of head h. */
+void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h, int dim,
+                    const float *src, int64_t ld);
+
+/*
+ * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh
+ * values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and -inf outside
+ * each row's allowed interval when kind is PARTIAL.
+ */
+void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
+                     int64_t delta, ra_block_kind kind, const int32_t *row_begin,
+                     const int32_t *row_end, const float *q, int64_t ldq, const float *k,
+                     int64_t ldk, float *s, float *tanh_s);
+
+/* exp(x) for x <= 88, exactly 0 below -87.3 (so -inf gives 0); about 1 ulp; vectorises. */
+static inline float ra__exp(float x)
+{
+    const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+    const float t = xc * 1.44269504088896341f + 12582912.0f; /* round to nearest via 1.5*2^23 */
+    const float n = t - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    union { float f; int32_t i; } tb = {t}, sc;
+    sc.i = (tb.i - 0x4B400000 + 127) << 23;
+    return x < -87.3f ? 0.0f : y * sc.f;
+}
+
+extern void ra__cpu_blas_single_thread_begin(int *saved);
+extern void ra__cpu_blas_single_thread_end(int saved);
+
+ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a);
+ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * The CPU backend's workspace: O(threads x tile) floats plus the tile index of each sequence,
+ * made on the first call and kept by the plan (no allocation per call after that).
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu.h"
+#include "ring/error.h"
+
+int ra__cpu_threads(const struct ringattn_plan *p)
+{
+    return p->num_threads > 0 ? p->num_threads : omp_get_max_threads();
+}
+
+void ra__cpu_workspace_free(struct ra_workspace *ws)
+{
+    if (!ws) return;
+    free(ws->q_tile_first);
+    free(ws->k_tile_first);
+    free(ws->per_thread);
+    free(ws->slab);
+    free(ws);
+}
+
+static int tile_seq(const int64_t *first, int num_seqs, int64_t t)
+{
+    int lo = 0, hi = num_seqs - 1; /* last s with first[s] <= t */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int ra__tile_rows(const int64_t *first, const int32_t *cu, int num_seqs, int block, int64_t tile,
+                  int *seq, int64_t *start)
+{
+    *seq = tile_seq(first, num_seqs, tile);
+    *start = (tile - first[*seq]) * block;
+    const int64_t len = cu[*seq + 1] - cu[*seq];
+    return (int)(len - *start < block ? len - *start : block);
+}
+
+static void tile_index(const int32_t *cu, int n, int block, int64_t *first)
+{
+    first[0] = 0;
+    for (int s = 0; s < n; ++s) first[s + 1] = first[s] + (cu[s + 1] - cu[s] + block - 1) / block;
+}
+
+/* Carves one thread's buffers out of base; returns the number of floats used. */
+static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int d, int dv)
+{
+    const int dmax = d > dv ? d : dv;
+    const size_t sizes[] = {(size_t)bq * d, (size_t)bk * d,  (size_t)bk * dv, (size_t)bq * dv,
+                            (size_t)bq * dv, (size_t)bq * bk, (size_t)bq * bk, (size_t)bq * bk,
+                            (size_t)bq * dmax, (size_t)bk * d, (size_t)bk * dv, bq, bq, bq, bq,
+                            bq, bq};
+    float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
+                     &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
+                     (float **)&w->row_begin, (float **)&w->row_end};
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+        if (base) *dst[i] = base + used;
+        used += (sizes[i] + 15) & ~(size_t)15; /* 64-byte aligned buffers */
+    }
+    return used;
+}
+
+static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
+                                        struct ra_workspace **out)
+{
+    struct ra_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws) return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (workspace)");
+    ws->threads = threads;
+    ws->block_q = p->block_q ? p->block_q : RA_CPU_DEFAULT_BLOCK_Q;
+    ws->block_k = p->block_k ? p->block_k : RA_CPU_DEFAULT_BLOCK_K;
+    const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, p->head_dim,
+                             p->head_dim_v);
+    ws->q_tile_first = malloc((size_t)(p->num_seqs + 1) * sizeof(int64_t));
+    ws->k_tile_first = malloc((size_t)(p->num_seqs + 1) * sizeof(int64_t));
+    ws->per_thread = calloc((size_t)threads, sizeof *ws->per_thread);
+    ws->slab = aligned_alloc(64, per * threads * sizeof(float));
+    if (!ws->q_tile_first || !ws->k_tile_first || !ws->per_thread || !ws->slab) {
+        ra__cpu_workspace_free(ws);
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
+                        "ringattn: out of memory (workspace of %zu bytes)",
+                        per * threads * sizeof(float));
+    }
+    tile_index(p->cu_q, p->num_seqs, ws->block_q, ws->q_tile_first);
+    tile_index(p->cu_k, p->num_seqs, ws->block_k, ws->k_tile_first);
+    ws->q_tiles = ws->q_tile_first[p->num_seqs];
+    ws->k_tiles = ws->k_tile_first[p->num_seqs];
+    for (int t = 0; t < threads; ++t)
+        carve(&ws->per_thread[t], (float *)ws->slab + per * t, ws->block_q, ws->block_k,
+              p->head_dim, p->head_dim_v);
+    *out = ws;
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads)
+{
+    if (p->ws && p->ws->threads >= threads) return RINGATTN_SUCCESS;
+    struct ra_workspace *ws;
+    RA_TRY(workspace_make(p, threads, &ws));
+    ra__cpu_workspace_free(p->ws);
+    p->ws = ws;
+    return RINGATTN_SUCCESS;
+}

@@ -1,0 +1,114 @@
+/*
+ * The guarded online-softmax state of SPEC 4 and the merge of SPEC 5, per query row.
+ *
+ * Everything here is inline, uses only expf/logf/INFINITY and compiles unchanged for CUDA
+ * (RA_HD). The CPU kernels use the pieces (block max, guarded rescale, finalise) around BLAS
+ * tile products; ra__state_update is the whole SPEC 4 step for one row, the scalar reference.
+ */
+#ifndef RINGATTN_KERNELS_SOFTMAX_STATE_H
+#define RINGATTN_KERNELS_SOFTMAX_STATE_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/host_device.h"
+
+/* SPEC 4: initialise explicitly, never by relying on 0 * old to clear memory. */
+RA_HD void ra__state_init(float *m, float *l, float *acc, int dv)
+{
+    *m = -INFINITY;
+    *l = 0.0f;
+    for (int c = 0; c < dv; ++c) acc[c] = 0.0f;
+}
+
+/* Max over a block of logits; -inf for an empty or fully masked block. */
+RA_HD float ra__block_max(const float *s, int n)
+{
+    float mb = -INFINITY;
+    for (int j = 0; j < n; ++j) mb = s[j] > mb ? s[j] : mb;
+    return mb;
+}
+
+/*
+ * SPEC 4, the guard. Given the running max *m and the block max mb: when max(m, mb) is -inf the
+ * row has seen no allowed key yet, the state must stay as it is and the block contributes
+ * nothing (return 0). Otherwise *m becomes the new max, *alpha = exp(m_old - m_new) (exactly 0
+ * for m_old = -inf, never NaN since m_new is finite) and 1 is returned.
+ */
+RA_HD int ra__state_rescale(float *m, float mb, float *alpha)
+{
+    const float mn = *m > mb ? *m : mb;
+    if (mn == -INFINITY) return 0;
+    *alpha = expf(*m - mn);
+    *m = mn;
+    return 1;
+}
+
+/* exp(s - m) for a row whose max m is finite: a masked logit (-inf) gives exactly 0. */
+RA_HD float ra__prob(float s, float m) { return s == -INFINITY ? 0.0f : expf(s - m); }
+
+/*
+ * The whole SPEC 4 update of one row by one block of n keys: s[j] logits, v rows of dv values
+ * at v + j * v_stride. Scalar reference (tests, simple kernels).
+ */
+RA_HD void ra__state_update(float *m, float *l, float *acc, int dv, const float *s, int n,
+                            const float *v, int64_t v_stride)
+{
+    float alpha;
+    if (!ra__state_rescale(m, ra__block_max(s, n), &alpha)) return;
+    float sum = 0.0f;
+    for (int c = 0; c < dv; ++c) acc[c] *= alpha;
+    for (int j = 0; j < n; ++j) {
+        const float p = ra__prob(s[j], *m);
+        if (p == 0.0f) continue; /* masked keys are skipped, never multiplied */
+        sum += p;
+        for (int c = 0; c < dv; ++c) acc[c] += p * v[j * v_stride + c];
+    }
+    *l = alpha * *l + sum;
+}
+
+/* SPEC 4 finalise: an empty row (l == 0) gives O = 0 exactly and LSE = -inf. */
+RA_HD void ra__state_finalize(float m, float l, const float *acc, int dv, float *o, float *lse)
+{
+    if (l == 0.0f) {
+        for (int c = 0; c < dv; ++c) o[c] = 0.0f;
+        *lse = -INFINITY;
+        return;
+    }
+    const float inv = 1.0f / l;
+    for (int c = 0; c < dv; ++c) o[c] = acc[c] * inv;
+    *lse = m + logf(l);
+}
+
+/* An LSE marking an empty partial: -inf (ours, FlashAttention 3) or +inf (FlashAttention 2). */
+RA_HD int ra__lse_is_empty(float lse) { return lse == -INFINITY || lse == INFINITY; }
+
+/*
+ * SPEC 5 merge weights of n partials of one row: w[s] = exp(LSE_s - M) / W, exactly 0 for an
+ * empty partial (whose O must then be skipped, never multiplied: it may be garbage). Writes
+ * the merged LSE (-inf when all partials are empty) and returns the number of non-empty ones.
+ */
+RA_HD int ra__merge_weights(const float *lse, int n, float *w, float *lse_out)
+{
+    float mx = -INFINITY;
+    for (int s = 0; s < n; ++s)
+        if (!ra__lse_is_empty(lse[s]) && lse[s] > mx) mx = lse[s];
+    int used = 0;
+    float total = 0.0f;
+    for (int s = 0; s < n; ++s) {
+        w[s] = 0.0f;
+        if (ra__lse_is_empty(lse[s])) continue;
+        w[s] = expf(lse[s] - mx);
+        total += w[s];
+        ++used;
+    }
+    if (!used) {
+        *lse_out = -INFINITY;
+        return 0;
+    }
+    for (int s = 0; s < n; ++s) w[s] /= total;
+    *lse_out = mx + logf(total);
+    return used;
+}
+
+#endif

@@ -1,0 +1,67 @@
+/* ringattn_forward / ringattn_backward: argument checks, then the backend (kernel table). */
+#include "ring/error.h"
+#include "ring/plan.h"
+#include "ring/tensor.h"
+
+static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
+                                    const ringattn_tensors_t *t, void *stream)
+{
+    RA_CHECK(plan != NULL, RINGATTN_ERR_INVALID_ARGUMENT, "%s: plan: got NULL, expected a plan",
+             fn);
+    RA_CHECK(ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
+             "%s: plan: got %p, expected a live plan (destroyed or never created)", fn,
+             (void *)plan);
+    RA_CHECK(t != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
+    RA_CHECK(t->struct_size == sizeof(ringattn_tensors_t), RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors->struct_size: got %zu, expected %zu (use RINGATTN_TENSORS_INIT)", fn,
+             t->struct_size, sizeof(ringattn_tensors_t));
+    RA_CHECK(t->lse != NULL || plan->total_q == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_CHECK(stream == NULL, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    return RINGATTN_SUCCESS;
+}
+
+/* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
+static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p,
+                                   const ringattn_tensors_t *t, int o_is_output, ra_args *a)
+{
+    const int H = p->num_heads, Hk = p->num_kv_heads, D = p->head_dim, Dv = p->head_dim_v;
+    RA_TRY(ra__view_make(fn, "q", t->q, p->dtype, p->total_q, H, D, 0, &a->q));
+    RA_TRY(ra__view_make(fn, "k", t->k, p->dtype, p->total_k, Hk, D, 0, &a->k));
+    RA_TRY(ra__view_make(fn, "v", t->v, p->dtype, p->total_k, Hk, Dv, 0, &a->v));
+    RA_TRY(ra__view_make(fn, "o", t->o, p->dtype, p->total_q, H, Dv, o_is_output, &a->o));
+    a->lse = t->lse;
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                   void *stream)
+{
+    static const char fn[] = "ringattn_forward";
+    ra_args a = {0};
+    RA_TRY(check_call(fn, plan, t, stream));
+    RA_TRY(make_qkvo(fn, plan, t, 1, &a));
+    RA_TRY(plan->kops->forward(plan, &a));
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                    void *stream)
+{
+    static const char fn[] = "ringattn_backward";
+    ra_args a = {0};
+    RA_TRY(check_call(fn, plan, t, stream));
+    RA_TRY(make_qkvo(fn, plan, t, 0, &a));
+    const struct ringattn_plan *p = plan;
+    const int H = p->num_heads, Hk = p->num_kv_heads, D = p->head_dim, Dv = p->head_dim_v;
+    RA_TRY(ra__view_make(fn, "dout", t->dout, p->dtype, p->total_q, H, Dv, 0, &a.dout));
+    RA_TRY(ra__view_make(fn, "dq", t->dq, p->dtype, p->total_q, H, D, 1, &a.dq));
+    RA_TRY(ra__view_make(fn, "dk", t->dk, p->dtype, p->total_k, Hk, D, 1, &a.dk));
+    RA_TRY(ra__view_make(fn, "dv", t->dv, p->dtype, p->total_k, Hk, Dv, 1, &a.dv));
+    RA_TRY(plan->kops->backward(plan, &a));
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}

@@ -1,0 +1,215 @@
+/* ringattn_plan_create / _destroy: descriptor validation and the registry of live plans. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ring/error.h"
+#include "ring/plan.h"
+
+#define FN "ringattn_plan_create"
+
+/* Live plans, so that a destroyed (or never created) plan is an error, not a use after free. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ringattn_plan *live_head;
+
+int ra__plan_is_live(const struct ringattn_plan *plan)
+{
+    int found = 0;
+    pthread_mutex_lock(&live_lock);
+    for (const struct ringattn_plan *p = live_head; p && !found; p = p->next_live)
+        found = p == plan;
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+static void live_add(struct ringattn_plan *plan)
+{
+    pthread_mutex_lock(&live_lock);
+    plan->next_live = live_head;
+    live_head = plan;
+    pthread_mutex_unlock(&live_lock);
+}
+
+/* Unlinks plan; returns 0 when it was not live. */
+static int live_remove(struct ringattn_plan *plan)
+{
+    int found = 0;
+    pthread_mutex_lock(&live_lock);
+    for (struct ringattn_plan **pp = &live_head; *pp; pp = &(*pp)->next_live) {
+        if (*pp == plan) {
+            *pp = plan->next_live;
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+static ringattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int n)
+{
+    RA_CHECK(cu != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": %s: got NULL, expected an array of num_seqs + 1 = %d entries", name, n + 1);
+    RA_CHECK(cu[0] == 0, RINGATTN_ERR_INVALID_ARGUMENT, FN ": %s[0]: got %d, expected 0", name,
+             (int)cu[0]);
+    for (int s = 0; s < n; ++s)
+        RA_CHECK(cu[s + 1] >= cu[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                 FN ": %s: got %s[%d] = %d < %s[%d] = %d, expected non-decreasing", name, name,
+                 s + 1, (int)cu[s + 1], name, s, (int)cu[s]);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_shapes(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->num_heads > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_heads: got %d, expected > 0", d->num_heads);
+    RA_CHECK(d->num_kv_heads >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_kv_heads: got %d, expected >= 0 (0 = num_heads)", d->num_kv_heads);
+    const int hkv = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
+    RA_CHECK(d->num_heads % hkv == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_kv_heads: got %d, expected a divisor of num_heads = %d", hkv, d->num_heads);
+    RA_CHECK(d->head_dim > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": head_dim: got %d, expected > 0", d->head_dim);
+    RA_CHECK(d->head_dim <= RA_MAX_HEAD_DIM, RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim: got %d, expected <= %d", d->head_dim, RA_MAX_HEAD_DIM);
+    RA_CHECK(d->head_dim_v >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": head_dim_v: got %d, expected >= 0 (0 = head_dim)", d->head_dim_v);
+    RA_CHECK(d->head_dim_v <= RA_MAX_HEAD_DIM, RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim_v: got %d, expected <= %d", d->head_dim_v, RA_MAX_HEAD_DIM);
+    RA_CHECK(d->dtype == RINGATTN_FLOAT32 || d->dtype == RINGATTN_FLOAT16 ||
+                 d->dtype == RINGATTN_BFLOAT16,
+             RINGATTN_ERR_INVALID_ARGUMENT, FN ": dtype: got %d, expected a ringattn_dtype_t",
+             (int)d->dtype);
+    RA_CHECK(d->layout == RINGATTN_LAYOUT_CONTIGUOUS || d->layout == RINGATTN_LAYOUT_ZIGZAG ||
+                 d->layout == RINGATTN_LAYOUT_STRIPED,
+             RINGATTN_ERR_INVALID_ARGUMENT, FN ": layout: got %d, expected a ringattn_layout_t",
+             (int)d->layout);
+    RA_CHECK(d->num_seqs >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_seqs: got %d, expected >= 0", d->num_seqs);
+    RA_TRY(check_cu_seqlens("cu_seqlens", d->cu_seqlens, d->num_seqs));
+    if (d->cu_seqlens_k) RA_TRY(check_cu_seqlens("cu_seqlens_k", d->cu_seqlens_k, d->num_seqs));
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_masks(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->window_left >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": window_left: got %d, expected >= -1 (-1 = unbounded)", d->window_left);
+    RA_CHECK(d->window_right >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": window_right: got %d, expected >= -1 (-1 = unbounded)", d->window_right);
+    RA_CHECK(isfinite(d->softmax_scale) && d->softmax_scale >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softmax_scale: got %g, expected finite and >= 0 (0 = 1/sqrt(head_dim))",
+             (double)d->softmax_scale);
+    RA_CHECK(isfinite(d->softcap) && d->softcap >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softcap: got %g, expected finite and >= 0 (0 = off)", (double)d->softcap);
+    if (d->alibi_slopes)
+        for (int h = 0; h < d->num_heads; ++h)
+            RA_CHECK(isfinite(d->alibi_slopes[h]), RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": alibi_slopes[%d]: got %g, expected finite", h,
+                     (double)d->alibi_slopes[h]);
+    RA_CHECK(d->key_bias_heads == 0 && d->keep_k == 0, RINGATTN_ERR_UNSUPPORTED,
+             FN ": key_bias_heads/keep_k: got %d/%d, expected 0/0 (dynamic masks are not "
+                "implemented yet)",
+             d->key_bias_heads, d->keep_k);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_tuning(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->block_q >= 0 && d->block_q <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": block_q: got %d, expected 0..1024 (0 = default)", d->block_q);
+    RA_CHECK(d->block_k >= 0 && d->block_k <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": block_k: got %d, expected 0..1024 (0 = default)", d->block_k);
+    RA_CHECK(d->num_threads >= 0 && d->num_threads <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_threads: got %d, expected 0..1024 (0 = OpenMP default)", d->num_threads);
+    return RINGATTN_SUCCESS;
+}
+
+static int32_t *copy_i32(const int32_t *src, int n)
+{
+    int32_t *dst = malloc((size_t)n * sizeof *dst);
+    if (dst) memcpy(dst, src, (size_t)n * sizeof *dst);
+    return dst;
+}
+
+static void plan_free(struct ringattn_plan *p)
+{
+    if (p->ws && p->kops && p->kops->workspace_free) p->kops->workspace_free(p->ws);
+    free(p->cu_q);
+    free(p->cu_k);
+    free(p->alibi);
+    free(p);
+}
+
+/* Derived values of the validated descriptor d (SPEC 2-3 defaults). */
+static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_desc_t *d)
+{
+    p->desc = *d;
+    p->desc.cu_seqlens = p->desc.cu_seqlens_k = NULL;
+    p->desc.alibi_slopes = NULL;
+    p->num_heads = d->num_heads;
+    p->num_kv_heads = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
+    p->head_dim = d->head_dim;
+    p->head_dim_v = d->head_dim_v ? d->head_dim_v : d->head_dim;
+    p->dtype = d->dtype;
+    p->num_seqs = d->num_seqs;
+    p->cu_q = copy_i32(d->cu_seqlens, d->num_seqs + 1);
+    p->cu_k = copy_i32(d->cu_seqlens_k ? d->cu_seqlens_k : d->cu_seqlens, d->num_seqs + 1);
+    if (d->alibi_slopes) {
+        p->alibi = malloc((size_t)d->num_heads * sizeof *p->alibi);
+        if (p->alibi) memcpy(p->alibi, d->alibi_slopes, (size_t)d->num_heads * sizeof *p->alibi);
+    }
+    RA_CHECK(p->cu_q && p->cu_k && (p->alibi || !d->alibi_slopes), RINGATTN_ERR_OUT_OF_MEMORY,
+             FN ": out of memory copying the descriptor");
+    p->total_q = p->cu_q[p->num_seqs];
+    p->total_k = p->cu_k[p->num_seqs];
+    p->window.left = d->window_left;
+    p->window.right = d->causal ? 0 : d->window_right;
+    p->scale = d->softmax_scale > 0.0f ? d->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
+    p->softcap = d->softcap;
+    p->block_q = d->block_q;
+    p->block_k = d->block_k;
+    p->num_threads = d->num_threads;
+    p->kops = &ra__cpu_kernel_ops;
+    return p->kops->supports(p);
+}
+
+ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
+                                       ringattn_plan_t *plan)
+{
+    RA_CHECK(plan != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": plan: got NULL, expected a pointer to receive the plan");
+    RA_CHECK(desc != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": desc: got NULL, expected a descriptor from RINGATTN_PLAN_DESC_INIT");
+    RA_CHECK(desc->struct_size == sizeof(ringattn_plan_desc_t), RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": desc->struct_size: got %zu, expected %zu (use RINGATTN_PLAN_DESC_INIT)",
+             desc->struct_size, sizeof(ringattn_plan_desc_t));
+    RA_CHECK(comm == NULL, RINGATTN_ERR_UNSUPPORTED,
+             FN ": comm: got a communicator, expected NULL (the ring is not built yet)");
+    RA_TRY(check_shapes(desc));
+    RA_TRY(check_masks(desc));
+    RA_TRY(check_tuning(desc));
+
+    struct ringattn_plan *p = calloc(1, sizeof *p);
+    RA_CHECK(p != NULL, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    const ringattn_status_t s = plan_fill(p, desc);
+    if (s != RINGATTN_SUCCESS) {
+        plan_free(p);
+        return s;
+    }
+    live_add(p);
+    *plan = p;
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan)
+{
+    if (plan == NULL) return RINGATTN_SUCCESS;
+    RA_CHECK(live_remove(plan), RINGATTN_ERR_INVALID_USAGE,
+             "ringattn_plan_destroy: plan: got %p, expected a live plan (destroyed twice?)",
+             (void *)plan);
+    plan_free(plan);
+    return RINGATTN_SUCCESS;
+}

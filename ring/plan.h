@@ -1,0 +1,38 @@
+/* The plan as built: a validated, owned copy of the descriptor plus derived values. Internal. */
+#ifndef RINGATTN_RING_PLAN_H
+#define RINGATTN_RING_PLAN_H
+
+#include <stdint.h>
+
+#include "kernels/kernel_ops.h"
+#include "masks/mask.h"
+#include "ringattn.h"
+
+#define RA_MAX_HEAD_DIM 256
+
+struct ringattn_plan {
+    ringattn_plan_desc_t desc; /* pointers inside are cleared; use the owned copies below */
+    int num_heads, num_kv_heads, head_dim, head_dim_v;
+    ringattn_dtype_t dtype;
+    int num_seqs;
+    int32_t *cu_q, *cu_k;     /* owned, [num_seqs + 1] */
+    int64_t total_q, total_k; /* rows of Q/O and of K/V that are read */
+    ra_window window;         /* SPEC 3, causal folded in */
+    float scale, softcap;
+    float *alibi;             /* owned [num_heads] or NULL */
+    int block_q, block_k, num_threads;
+    const struct ra_kernel_ops *kops;
+    struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */
+    struct ringattn_plan *next_live; /* registry of live plans (plan.c) */
+};
+
+/* Is plan a live plan made by ringattn_plan_create (not destroyed)? Safe on any pointer. */
+int ra__plan_is_live(const struct ringattn_plan *plan);
+
+/* SPEC 2 delta of sequence s: L_k - L_q (bottom-right alignment). */
+static inline int64_t ra__seq_delta(const struct ringattn_plan *p, int s)
+{
+    return (int64_t)(p->cu_k[s + 1] - p->cu_k[s]) - (int64_t)(p->cu_q[s + 1] - p->cu_q[s]);
+}
+
+#endif
