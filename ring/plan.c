@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ring/error.h"
+#include "ring/log.h"
 #include "ring/plan.h"
 
 #define FN "ringattn_plan_create"
@@ -175,6 +176,21 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_
     return p->kops->supports(p);
 }
 
+static void log_plan(const struct ringattn_plan *p)
+{
+    if (!ra__log_enabled(RA_LOG_INFO)) return;
+    static const char *dtypes[] = {"float32", "float16", "bfloat16"};
+    ra__log(RA_LOG_INFO, 0, 1, "ringattn %s, backend %s, 1 rank", ringattn_version_string(),
+            p->kops->name);
+    ra__log(RA_LOG_INFO, 0, 1,
+            "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
+            "(%lld, %lld), scale %g, softcap %g, alibi %s",
+            p->num_seqs, (long long)p->total_q, (long long)p->total_k, p->num_heads,
+            p->num_kv_heads, p->head_dim, p->head_dim_v, dtypes[p->dtype],
+            (long long)p->window.left, (long long)p->window.right, (double)p->scale,
+            (double)p->softcap, p->alibi ? "on" : "off");
+}
+
 ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
                                        ringattn_plan_t *plan)
 {
@@ -200,6 +216,7 @@ ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan
     }
     live_add(p);
     *plan = p;
+    log_plan(p);
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

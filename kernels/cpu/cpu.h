@@ -84,8 +84,11 @@ static inline float ra__exp(float x)
     return x < -87.3f ? 0.0f : y * sc.f;
 }
 
-extern void ra__cpu_blas_single_thread_begin(int *saved);
-extern void ra__cpu_blas_single_thread_end(int saved);
+/* BLAS runs single-threaded inside our OpenMP passes (the caller's setting is restored). */
+void ra__cpu_blas_single_thread_begin(int *saved);
+void ra__cpu_blas_single_thread_end(int saved);
+/* Warns once (RINGATTN_LOG=warn) when OpenBLAS runs kernels far below the CPU's ISA. */
+void ra__cpu_blas_check(void);
 
 ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a);
 ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a);

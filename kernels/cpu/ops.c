@@ -4,6 +4,7 @@
 static ringattn_status_t cpu_supports(const struct ringattn_plan *p)
 {
     (void)p; /* every shape, dtype and mask the plan accepts */
+    ra__cpu_blas_check();
     return RINGATTN_SUCCESS;
 }
 

@@ -84,22 +84,3 @@ void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, co
         }
     }
 }
-
-/*
- * OpenBLAS built with pthreads would start its own threads inside every tile product of our
- * OpenMP threads; tiles are small, so run BLAS single-threaded while a pass runs.
- */
-#ifdef OPENBLAS_VERSION
-void ra__cpu_blas_single_thread_begin(int *saved)
-{
-    *saved = openblas_get_num_threads();
-    if (*saved != 1) openblas_set_num_threads(1);
-}
-void ra__cpu_blas_single_thread_end(int saved)
-{
-    if (saved != 1) openblas_set_num_threads(saved);
-}
-#else
-void ra__cpu_blas_single_thread_begin(int *saved) { *saved = 1; }
-void ra__cpu_blas_single_thread_end(int saved) { (void)saved; }
-#endif
