@@ -1,52 +1,16 @@
 /* ringattn_plan_create / _destroy: descriptor validation and the registry of live plans. */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ring/error.h"
 #include "ring/log.h"
 #include "ring/plan.h"
+#include "ring/registry.h"
 
 #define FN "ringattn_plan_create"
 
-/* Live plans, so that a destroyed (or never created) plan is an error, not a use after free. */
-static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct ringattn_plan *live_head;
-
-int ra__plan_is_live(const struct ringattn_plan *plan)
-{
-    int found = 0;
-    pthread_mutex_lock(&live_lock);
-    for (const struct ringattn_plan *p = live_head; p && !found; p = p->next_live)
-        found = p == plan;
-    pthread_mutex_unlock(&live_lock);
-    return found;
-}
-
-static void live_add(struct ringattn_plan *plan)
-{
-    pthread_mutex_lock(&live_lock);
-    plan->next_live = live_head;
-    live_head = plan;
-    pthread_mutex_unlock(&live_lock);
-}
-
-/* Unlinks plan; returns 0 when it was not live. */
-static int live_remove(struct ringattn_plan *plan)
-{
-    int found = 0;
-    pthread_mutex_lock(&live_lock);
-    for (struct ringattn_plan **pp = &live_head; *pp; pp = &(*pp)->next_live) {
-        if (*pp == plan) {
-            *pp = plan->next_live;
-            found = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&live_lock);
-    return found;
-}
+int ra__plan_is_live(const struct ringattn_plan *plan) { return ra__registry_contains(plan); }
 
 static ringattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int n)
 {
@@ -214,7 +178,10 @@ ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan
         plan_free(p);
         return s;
     }
-    live_add(p);
+    if (ra__registry_add(p) != 0) {
+        plan_free(p);
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
     *plan = p;
     log_plan(p);
     ra__clear_error();
@@ -224,7 +191,7 @@ ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan
 ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan)
 {
     if (plan == NULL) return RINGATTN_SUCCESS;
-    RA_CHECK(live_remove(plan), RINGATTN_ERR_INVALID_USAGE,
+    RA_CHECK(ra__registry_remove(plan), RINGATTN_ERR_INVALID_USAGE,
              "ringattn_plan_destroy: plan: got %p, expected a live plan (destroyed twice?)",
              (void *)plan);
     plan_free(plan);

@@ -23,7 +23,6 @@ struct ringattn_plan {
     int block_q, block_k, num_threads;
     const struct ra_kernel_ops *kops;
     struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */
-    struct ringattn_plan *next_live; /* registry of live plans (plan.c) */
 };
 
 /* Is plan a live plan made by ringattn_plan_create (not destroyed)? Safe on any pointer. */
