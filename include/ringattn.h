@@ -119,6 +119,16 @@ typedef struct ringattn_tensors {
 
 #define RINGATTN_TENSORS_INIT {sizeof(ringattn_tensors_t)}
 
+/*
+ * Communicators. A comm says who is in the ring and how bytes move (include/ringattn_mpi.h
+ * makes one from an MPI communicator). The threads transport runs num_ranks ranks as threads
+ * of this process: comms[r] is rank r's handle, used by one thread; destroy each.
+ */
+RINGATTN_API ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms);
+RINGATTN_API ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size);
+/* NULL is a no-op. */
+RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);
+
 /* comm == NULL: one rank (plain flash attention with every mask; also the local API). */
 RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
                                                     const ringattn_plan_desc_t *desc,
