@@ -117,7 +117,13 @@ typedef struct ringattn_tensors {
     ringattn_tensor_t dq, dk, dv; /* backward outputs, overwritten */
 } ringattn_tensors_t;
 
-#define RINGATTN_TENSORS_INIT {sizeof(ringattn_tensors_t)}
+#define RINGATTN_TENSOR_NONE {NULL, 0, 0}
+#define RINGATTN_TENSORS_INIT                                                                 \
+    {                                                                                        \
+        sizeof(ringattn_tensors_t), RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE,              \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, RINGATTN_TENSOR_NONE,          \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE                 \
+    }
 
 /*
  * Communicators. A comm says who is in the ring and how bytes move (include/ringattn_mpi.h

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build ringattn (Release, in build/) and run the demo with its default arguments.
+# Installs missing apt packages first (cmake/install-deps.sh). Works from any directory.
+# Extra arguments are passed to the demo, e.g.: bash examples/run_demo.sh --seq 8192 --dtype bf16
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+# The demo: the one line to change when the demo becomes an mpirun ring job, e.g.
+#   demo=(mpirun -n 2 build/examples/ring_attention)
+demo=(build/examples/local_attention)
+
+options=(-DCMAKE_BUILD_TYPE=Release -DRINGATTN_BUILD_EXAMPLES=ON)
+if [[ "${demo[0]}" == mpirun ]]; then
+    options+=(-DRINGATTN_ENABLE_MPI=ON)
+fi
+
+bash cmake/install-deps.sh
+cmake -S . -B build "${options[@]}"
+cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target ringattn_examples
+# Debian's OpenBLAS 0.3.21 falls back to its generic Prescott kernels on CPUs it does not
+# recognise (some virtual machines report a generic model), several times slower. Unless the
+# caller chose, pick the kernels matching the CPU's ISA when that happened.
+if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
+    core="$(OPENBLAS_VERBOSE=2 build/examples/local_attention --help 2>&1 | sed -n 's/^Core: //p')"
+    if [[ "$core" == Prescott ]]; then
+        if grep -qw avx512f /proc/cpuinfo; then
+            export OPENBLAS_CORETYPE=SkylakeX
+        elif grep -qw avx2 /proc/cpuinfo; then
+            export OPENBLAS_CORETYPE=Haswell
+        fi
+        if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then
+            echo "run_demo: OpenBLAS chose Prescott kernels; using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
+        fi
+    fi
+fi
+echo "+ ${demo[*]} $*"
+exec "${demo[@]}" "$@"
