@@ -11,8 +11,8 @@
 #include "ring/plan.h"
 #include "ring/tensor.h"
 
-#define RA_CPU_DEFAULT_BLOCK_Q 128
-#define RA_CPU_DEFAULT_BLOCK_K 128
+#define RA_CPU_DEFAULT_BLOCK_Q 256
+#define RA_CPU_DEFAULT_BLOCK_K 256
 
 /* One thread's tile buffers (float32), carved from one slab. */
 typedef struct ra_thread_ws {
