@@ -101,6 +101,9 @@ static int32_t *copy_i32(const int32_t *src, int n)
 static void plan_free(struct ringattn_plan *p)
 {
     if (p->ws && p->kops && p->kops->workspace_free) p->kops->workspace_free(p->ws);
+    ra__shard_free(&p->q_shard);
+    ra__shard_free(&p->k_shard);
+    free(p->delta);
     free(p->cu_q);
     free(p->cu_k);
     free(p->alibi);
@@ -129,6 +132,12 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_
              FN ": out of memory copying the descriptor");
     p->total_q = p->cu_q[p->num_seqs];
     p->total_k = p->cu_k[p->num_seqs];
+    p->delta = malloc(((size_t)p->num_seqs + 1) * sizeof *p->delta);
+    RA_CHECK(p->delta, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    for (int s = 0; s < p->num_seqs; ++s)
+        p->delta[s] = (int64_t)(p->cu_k[s + 1] - p->cu_k[s]) - (p->cu_q[s + 1] - p->cu_q[s]);
+    RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, p->num_seqs, &p->q_shard));
+    RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_k, p->num_seqs, &p->k_shard));
     p->window.left = d->window_left;
     p->window.right = d->causal ? 0 : d->window_right;
     p->scale = d->softmax_scale > 0.0f ? d->softmax_scale : 1.0f / sqrtf((float)d->head_dim);

@@ -6,6 +6,7 @@
 
 #include "kernels/kernel_ops.h"
 #include "masks/mask.h"
+#include "ring/shard.h"
 #include "ringattn.h"
 
 #define RA_MAX_HEAD_DIM 256
@@ -17,6 +18,8 @@ struct ringattn_plan {
     int num_seqs;
     int32_t *cu_q, *cu_k;     /* owned, [num_seqs + 1] */
     int64_t total_q, total_k; /* rows of Q/O and of K/V that are read */
+    ra_shard q_shard, k_shard; /* the local queries and keys as segments */
+    int64_t *delta;           /* [num_seqs] SPEC 2 delta = L_k - L_q (bottom-right alignment) */
     ra_window window;         /* SPEC 3, causal folded in */
     float scale, softcap;
     float *alibi;             /* owned [num_heads] or NULL */
@@ -27,11 +30,5 @@ struct ringattn_plan {
 
 /* Is plan a live plan made by ringattn_plan_create (not destroyed)? Safe on any pointer. */
 int ra__plan_is_live(const struct ringattn_plan *plan);
-
-/* SPEC 2 delta of sequence s: L_k - L_q (bottom-right alignment). */
-static inline int64_t ra__seq_delta(const struct ringattn_plan *p, int s)
-{
-    return (int64_t)(p->cu_k[s + 1] - p->cu_k[s]) - (int64_t)(p->cu_q[s + 1] - p->cu_q[s]);
-}
 
 #endif

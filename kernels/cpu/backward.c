@@ -22,21 +22,21 @@ typedef struct q_side {
     int64_t ldq, lddo;
 } q_side;
 
-static q_side load_q_side(const struct ringattn_plan *p, const ra_args *a, ra_thread_ws *w,
+static q_side load_q_side(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
                           int h, int64_t qrow, int nq)
 {
     const int D = p->head_dim, Dv = p->head_dim_v;
     q_side qd;
     int64_t ldo;
-    qd.q = ra__tile_load(&a->q, p->dtype, qrow, nq, h, D, w->q, &qd.ldq);
-    qd.dout = ra__tile_load(&a->dout, p->dtype, qrow, nq, h, Dv, w->dout, &qd.lddo);
-    const float *o = ra__tile_load(&a->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
+    qd.q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &qd.ldq);
+    qd.dout = ra__tile_load(io->dout, p->dtype, qrow, nq, h, Dv, w->dout, &qd.lddo);
+    const float *o = ra__tile_load(io->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
     for (int i = 0; i < nq; ++i) {
         const float *oi = o + i * ldo, *gi = qd.dout + i * qd.lddo;
         float d = 0.0f;
         for (int c = 0; c < Dv; ++c) d += gi[c] * oi[c];
         w->drow[i] = d;
-        w->lse[i] = a->lse[h * p->total_q + qrow + i];
+        w->lse[i] = io->lse[h * io->qsh->rows + qrow + i];
     }
     return qd;
 }
@@ -46,12 +46,12 @@ static q_side load_q_side(const struct ringattn_plan *p, const ra_args *a, ra_th
  * empty), w->dp = dZ = P * (dP - D_i), times the softcap derivative 1 - tanh^2.
  */
 static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int h, const ra_span *qs,
-                       const ra_span *ks, int64_t delta, ra_block_kind kind, const q_side *qd,
-                       const float *k, int64_t ldk, const float *v, int64_t ldv)
+                       const ra_span *ks, ra_block_kind kind, const q_side *qd, const float *k,
+                       int64_t ldk, const float *v, int64_t ldv)
 {
     const int nq = (int)qs->count, nk = (int)ks->count;
-    ra__tile_logits(p, h, qs, ks, delta, kind, w->row_begin, w->row_end, qd->q, qd->ldq, k, ldk,
-                    w->s, p->softcap > 0.0f ? w->tanh_s : NULL);
+    ra__tile_logits(p, h, qs, ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd->q,
+                    qd->ldq, k, ldk, w->s, p->softcap > 0.0f ? w->tanh_s : NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
     for (int i = 0; i < nq; ++i) {
@@ -75,93 +75,114 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int h, co
     }
 }
 
-static void keys_task(const struct ringattn_plan *p, const ra_args *a, ra_thread_ws *w, int seq,
-                      int g, int64_t k0, int nk, int bq)
+/* dK, dV of the key tile ks (local rows from krow) of kv head g: over its GQA group's heads and
+   every query tile of the local queries that can see it. */
+static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                      const ra_span *ks, int64_t krow, int g, int bq)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, G = p->num_heads / p->num_kv_heads;
-    const int64_t krow = p->cu_k[seq] + k0, qrow0 = p->cu_q[seq];
-    const int64_t lq = p->cu_q[seq + 1] - qrow0, delta = ra__seq_delta(p, seq);
-    const ra_span ks = {seq, k0, 1, nk}, qall = {seq, 0, 1, lq};
-    int64_t qb, qe, ldk, ldv;
-    ra__query_hull(p->window, delta, &ks, &qall, &qb, &qe);
-    const float *k = ra__tile_load(&a->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-    const float *v = ra__tile_load(&a->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
+    const int nk = (int)ks->count;
+    const int64_t delta = p->delta[ks->seq];
+    int64_t ldk, ldv;
+    const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
+    const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
     memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
     memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
 
     for (int h = g * G; h < (g + 1) * G; ++h) {
-        for (int64_t q0 = qb / bq * bq; q0 < qe; q0 += bq) {
-            const ra_span qs = {seq, q0, 1, lq - q0 < bq ? lq - q0 : bq};
-            const ra_block_kind kind =
-                ra__classify_block(p->window, delta, &qs, &ks, w->row_begin, w->row_end);
-            if (kind == RA_BLOCK_EMPTY) continue;
-            const int nq = (int)qs.count;
-            const q_side qd = load_q_side(p, a, w, h, qrow0 + q0, nq);
-            tile_grads(p, w, h, &qs, &ks, delta, kind, &qd, k, ldk, v, ldv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
-                        qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp, nk,
-                        qd.q, (int)qd.ldq, 1.0f, w->dk, D);
+        for (int32_t i = io->qsh->seq_first[ks->seq]; i < io->qsh->seq_first[ks->seq + 1]; ++i) {
+            const ra_segment *qseg = &io->qsh->segs[i];
+            int64_t qb, qe;
+            ra__query_hull(p->window, delta, ks, &qseg->span, &qb, &qe);
+            for (int64_t q0 = qb / bq * bq; q0 < qe; q0 += bq) {
+                const int64_t left = qseg->span.count - q0;
+                const ra_span qs = {ks->seq, qseg->span.pos + q0 * qseg->span.stride,
+                                    qseg->span.stride, left < bq ? left : bq};
+                const ra_block_kind kind =
+                    ra__classify_block(p->window, delta, &qs, ks, w->row_begin, w->row_end);
+                if (kind == RA_BLOCK_EMPTY) continue;
+                const int nq = (int)qs.count;
+                const q_side qd = load_q_side(p, io, w, h, qseg->row + q0, nq);
+                tile_grads(p, w, h, &qs, ks, kind, &qd, k, ldk, v, ldv);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
+                            qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp,
+                            nk, qd.q, (int)qd.ldq, 1.0f, w->dk, D);
+            }
         }
     }
-    ra__tile_store(&a->dk, p->dtype, krow, nk, g, D, w->dk, D);
-    ra__tile_store(&a->dv, p->dtype, krow, nk, g, Dv, w->dv, Dv);
+    ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
+    ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, w->dv, Dv);
 }
 
-static void queries_task(const struct ringattn_plan *p, const ra_args *a, ra_thread_ws *w,
-                         int seq, int h, int64_t q0, int nq, int bk)
+/* dQ of the query tile qs (local rows from qrow) of head h over every key segment it sees. */
+static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                         const ra_span *qs, int64_t qrow, int h, int bk)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    const int64_t qrow = p->cu_q[seq] + q0, krow0 = p->cu_k[seq];
-    const int64_t lk = p->cu_k[seq + 1] - krow0, delta = ra__seq_delta(p, seq);
-    const ra_span qs = {seq, q0, 1, nq}, kall = {seq, 0, 1, lk};
-    int64_t kb, ke, ldk, ldv;
-    ra__key_hull(p->window, delta, &qs, &kall, &kb, &ke);
-    const q_side qd = load_q_side(p, a, w, h, qrow, nq);
+    const int nq = (int)qs->count;
+    const int64_t delta = p->delta[qs->seq];
+    int64_t ldk, ldv;
+    const q_side qd = load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
 
-    for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
-        const ra_span ks = {seq, k0, 1, lk - k0 < bk ? lk - k0 : bk};
-        const ra_block_kind kind =
-            ra__classify_block(p->window, delta, &qs, &ks, w->row_begin, w->row_end);
-        if (kind == RA_BLOCK_EMPTY) continue;
-        const int nk = (int)ks.count;
-        const float *k = ra__tile_load(&a->k, p->dtype, krow0 + k0, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(&a->v, p->dtype, krow0 + k0, nk, g, Dv, w->v, &ldv);
-        tile_grads(p, w, h, &qs, &ks, delta, kind, &qd, k, ldk, v, ldv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
-                    (int)ldk, 1.0f, w->acc, D);
+    for (int32_t i = io->ksh->seq_first[qs->seq]; i < io->ksh->seq_first[qs->seq + 1]; ++i) {
+        const ra_segment *kseg = &io->ksh->segs[i];
+        int64_t kb, ke;
+        ra__key_hull(p->window, delta, qs, &kseg->span, &kb, &ke);
+        for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
+            const int64_t left = kseg->span.count - k0;
+            const ra_span ks = {qs->seq, kseg->span.pos + k0 * kseg->span.stride,
+                                kseg->span.stride, left < bk ? left : bk};
+            const ra_block_kind kind =
+                ra__classify_block(p->window, delta, qs, &ks, w->row_begin, w->row_end);
+            if (kind == RA_BLOCK_EMPTY) continue;
+            const int nk = (int)ks.count;
+            const float *k = ra__tile_load(io->k, p->dtype, kseg->row + k0, nk, g, D, w->k, &ldk);
+            const float *v = ra__tile_load(io->v, p->dtype, kseg->row + k0, nk, g, Dv, w->v, &ldv);
+            tile_grads(p, w, h, qs, &ks, kind, &qd, k, ldk, v, ldv);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk,
+                        k, (int)ldk, 1.0f, w->acc, D);
+        }
     }
-    ra__tile_store(&a->dq, p->dtype, qrow, nq, h, D, w->acc, D);
+    ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
 }
 
-ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a)
+ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io)
 {
     const int nt = ra__cpu_threads(p);
     RA_TRY(ra__cpu_workspace(p, nt));
     const struct ra_workspace *ws = p->ws;
+    const ra_tiling qt = ra__tiling_make(io->qsh, ws->block_q, ws->q_first);
+    const ra_tiling kt = ra__tiling_make(io->ksh, ws->block_k, ws->k_first);
     const int H = p->num_heads, Hk = p->num_kv_heads;
-    const int64_t key_tasks = ws->k_tiles * Hk, query_tasks = ws->q_tiles * H;
+    const int64_t key_tasks = kt.tiles * Hk, query_tasks = qt.tiles * H;
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel num_threads(nt)
     {
         ra_thread_ws *w = &ws->per_thread[omp_get_thread_num()];
-        int seq;
-        int64_t start;
+        ra_span span;
+        int64_t row;
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t task = 0; task < key_tasks; ++task) {
-            const int n = ra__tile_rows(ws->k_tile_first, p->cu_k, p->num_seqs, ws->block_k,
-                                    task / Hk, &seq, &start);
-            keys_task(p, a, w, seq, (int)(task % Hk), start, n, ws->block_q);
+            ra__tiling_tile(&kt, io->ksh, task / Hk, &span, &row);
+            keys_task(p, io, w, &span, row, (int)(task % Hk), ws->block_q);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < query_tasks; ++task) {
-            const int n = ra__tile_rows(ws->q_tile_first, p->cu_q, p->num_seqs, ws->block_q,
-                                    task / H, &seq, &start);
-            queries_task(p, a, w, seq, (int)(task % H), start, n, ws->block_k);
+            ra__tiling_tile(&qt, io->qsh, task / H, &span, &row);
+            queries_task(p, io, w, &span, row, (int)(task % H), ws->block_k);
         }
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
+}
+
+/* The single-rank backward of the kernel table: outputs overwritten in the plan's dtype. */
+ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a)
+{
+    const ra_bwd_io io = {&a->q,  &a->k,  &a->v,  &a->o, &a->dout, a->lse, &p->q_shard,
+                          &p->k_shard, &a->dq, &a->dk, &a->dv, 0};
+    return ra__cpu_attend_backward(p, &io);
 }

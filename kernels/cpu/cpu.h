@@ -24,11 +24,16 @@ typedef struct ra_thread_ws {
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
 } ra_thread_ws;
 
+/* The tiles of a shard: every segment cut into tiles of `block` rows. */
+typedef struct ra_tiling {
+    int block;
+    int64_t tiles;
+    int64_t *first; /* [num_segs + 1] first tile of each segment */
+} ra_tiling;
+
 struct ra_workspace {
     int threads, block_q, block_k;
-    int64_t q_tiles, k_tiles;   /* tiles over all sequences */
-    int64_t *q_tile_first;      /* [num_seqs + 1] first q tile of each sequence */
-    int64_t *k_tile_first;      /* [num_seqs + 1] */
+    int64_t *q_first, *k_first; /* tiling buffers, [max segments + 1] each */
     ra_thread_ws *per_thread;   /* [threads] */
     void *slab;
 };
@@ -37,12 +42,41 @@ struct ra_workspace {
 ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads);
 void ra__cpu_workspace_free(struct ra_workspace *ws);
 int ra__cpu_threads(const struct ringattn_plan *p);
+
+/* Tiles shard sh by block rows (first: a buffer of sh->num_segs + 1 entries). */
+ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first);
+/* Tile number `tile`: its positions (*span), its first local row (*row); returns its rows. */
+int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
+                    int64_t *row);
+
 /*
- * Tile number `tile` of the tiling of every sequence of cu into blocks of `block` rows (first:
- * first tile of each sequence): its sequence, start row within it, and row count (returned).
+ * One forward call: local queries against one shard of keys, merged into the running state
+ * (m, l [H, q rows], acc [q rows, H, D_v]) when the call is one ring step of several; with
+ * m == NULL the state lives in the tile (first and last step at once).
  */
-int ra__tile_rows(const int64_t *first, const int32_t *cu, int num_seqs, int block, int64_t tile,
-                  int *seq, int64_t *start);
+typedef struct ra_fwd_io {
+    const ra_view *q, *k, *v;
+    const ra_shard *qsh, *ksh;
+    const ra_view *o; /* written, with lse, on the last step */
+    float *lse;
+    float *m, *l, *acc;
+    int first, last;
+} ra_fwd_io;
+
+/*
+ * One backward call (SPEC 7): local queries against one shard of keys. Outputs are overwritten
+ * in the plan's dtype, or, with accumulate set, are float32 sums added to (ring steps).
+ */
+typedef struct ra_bwd_io {
+    const ra_view *q, *k, *v, *o, *dout;
+    const float *lse;
+    const ra_shard *qsh, *ksh;
+    const ra_view *dq, *dk, *dv;
+    int accumulate;
+} ra_bwd_io;
+
+ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_io *io);
+ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io);
 
 /*
  * Rows [row0, row0 + n) of head h as float32: a pointer into the caller's tensor for float32
@@ -50,9 +84,12 @@ int ra__tile_rows(const int64_t *first, const int32_t *cu, int num_seqs, int blo
  */
 const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
                            int dim, float *buf, int64_t *ld);
-/* Writes n rows of dim float32 values (row stride ld) to rows [row0, row0 + n) of head h. */
-void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h, int dim,
-                    const float *src, int64_t ld);
+/*
+ * Writes n rows of dim float32 values (row stride ld) to rows [row0, row0 + n) of head h; with
+ * accumulate, v is float32 and the values are added (dt is then ignored).
+ */
+void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
+                    int h, int dim, const float *src, int64_t ld);
 
 /*
  * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh

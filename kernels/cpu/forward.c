@@ -40,57 +40,105 @@ static void softmax_tile(float *s, int nq, int nk, float *m, float *l, float *ac
     }
 }
 
-static void forward_qtile(const struct ringattn_plan *p, const ra_args *a, ra_thread_ws *w,
-                          int seq, int h, int64_t q0, int nq, int bk)
+/* Running state of rows [row, row + nq) of head h: from the io's arrays, or fresh (SPEC 4). */
+static void state_begin(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
+                        int h, int64_t row, int nq)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    const int64_t qrow = p->cu_q[seq] + q0, krow = p->cu_k[seq];
-    const int64_t lk = p->cu_k[seq + 1] - krow, delta = ra__seq_delta(p, seq);
-    const ra_span qs = {seq, q0, 1, nq}, kall = {seq, 0, 1, lk};
-    int64_t kb, ke, ldq, ldk, ldv;
-    ra__key_hull(p->window, delta, &qs, &kall, &kb, &ke);
-    const float *q = ra__tile_load(&a->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
-    for (int i = 0; i < nq; ++i) ra__state_init(&w->m[i], &w->l[i], w->acc + (size_t)i * Dv, Dv);
-
-    for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
-        const ra_span ks = {seq, k0, 1, lk - k0 < bk ? lk - k0 : bk};
-        const ra_block_kind kind =
-            ra__classify_block(p->window, delta, &qs, &ks, w->row_begin, w->row_end);
-        if (kind == RA_BLOCK_EMPTY) continue;
-        const int nk = (int)ks.count;
-        const float *k = ra__tile_load(&a->k, p->dtype, krow + k0, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(&a->v, p->dtype, krow + k0, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, h, &qs, &ks, delta, kind, w->row_begin, w->row_end, q, ldq, k, ldk,
-                        w->s, NULL);
-        softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
-                    (int)ldv, 1.0f, w->acc, Dv);
-    }
+    const int Dv = p->head_dim_v, H = p->num_heads;
+    const int64_t rows = io->qsh->rows;
     for (int i = 0; i < nq; ++i) {
         float *acc = w->acc + (size_t)i * Dv;
-        ra__state_finalize(w->m[i], w->l[i], acc, Dv, acc, &a->lse[h * p->total_q + qrow + i]);
+        if (io->first) {
+            ra__state_init(&w->m[i], &w->l[i], acc, Dv);
+            continue;
+        }
+        w->m[i] = io->m[h * rows + row + i];
+        w->l[i] = io->l[h * rows + row + i];
+        const float *src = io->acc + ((row + i) * H + h) * (int64_t)Dv;
+        for (int c = 0; c < Dv; ++c) acc[c] = src[c];
     }
-    ra__tile_store(&a->o, p->dtype, qrow, nq, h, Dv, w->acc, Dv);
 }
 
-ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a)
+/* Finalise into O and LSE (last step), or keep the state for the next step. */
+static void state_end(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
+                      int64_t row, int nq)
+{
+    const int Dv = p->head_dim_v, H = p->num_heads;
+    const int64_t rows = io->qsh->rows;
+    for (int i = 0; i < nq; ++i) {
+        float *acc = w->acc + (size_t)i * Dv;
+        if (io->last) {
+            ra__state_finalize(w->m[i], w->l[i], acc, Dv, acc, &io->lse[h * rows + row + i]);
+            continue;
+        }
+        io->m[h * rows + row + i] = w->m[i];
+        io->l[h * rows + row + i] = w->l[i];
+        float *dst = io->acc + ((row + i) * H + h) * (int64_t)Dv;
+        for (int c = 0; c < Dv; ++c) dst[c] = acc[c];
+    }
+    if (io->last) ra__tile_store(io->o, p->dtype, 0, row, nq, h, Dv, w->acc, Dv);
+}
+
+/* The query tile qs (local rows from qrow) of head h against every key segment of its sequence. */
+static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
+                          const ra_span *qs, int64_t qrow, int h, int bk)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    const int nq = (int)qs->count;
+    const int64_t delta = p->delta[qs->seq];
+    int64_t ldq, ldk, ldv;
+    const float *q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
+    state_begin(p, io, w, h, qrow, nq);
+    for (int32_t i = io->ksh->seq_first[qs->seq]; i < io->ksh->seq_first[qs->seq + 1]; ++i) {
+        const ra_segment *kseg = &io->ksh->segs[i];
+        int64_t kb, ke;
+        ra__key_hull(p->window, delta, qs, &kseg->span, &kb, &ke);
+        for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
+            const int64_t left = kseg->span.count - k0;
+            const ra_span ks = {qs->seq, kseg->span.pos + k0 * kseg->span.stride,
+                                kseg->span.stride, left < bk ? left : bk};
+            const ra_block_kind kind =
+                ra__classify_block(p->window, delta, qs, &ks, w->row_begin, w->row_end);
+            if (kind == RA_BLOCK_EMPTY) continue;
+            const int nk = (int)ks.count;
+            const float *k = ra__tile_load(io->k, p->dtype, kseg->row + k0, nk, g, D, w->k, &ldk);
+            const float *v = ra__tile_load(io->v, p->dtype, kseg->row + k0, nk, g, Dv, w->v, &ldv);
+            ra__tile_logits(p, h, qs, &ks, delta, kind, w->row_begin, w->row_end, q, ldq, k, ldk,
+                            w->s, NULL);
+            softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
+                        (int)ldv, 1.0f, w->acc, Dv);
+        }
+    }
+    state_end(p, io, w, h, qrow, nq);
+}
+
+ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_io *io)
 {
     const int nt = ra__cpu_threads(p);
     RA_TRY(ra__cpu_workspace(p, nt));
     const struct ra_workspace *ws = p->ws;
+    const ra_tiling qt = ra__tiling_make(io->qsh, ws->block_q, ws->q_first);
     const int H = p->num_heads;
-    const int64_t tasks = ws->q_tiles * H;
+    const int64_t tasks = qt.tiles * H;
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int64_t task = 0; task < tasks; ++task) {
-        int seq;
-        int64_t q0;
-        const int nq = ra__tile_rows(ws->q_tile_first, p->cu_q, p->num_seqs, ws->block_q,
-                                     task / H, &seq, &q0);
-        forward_qtile(p, a, &ws->per_thread[omp_get_thread_num()], seq, (int)(task % H), q0, nq,
+        ra_span qs;
+        int64_t qrow;
+        ra__tiling_tile(&qt, io->qsh, task / H, &qs, &qrow);
+        forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, (int)(task % H),
                       ws->block_k);
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
+}
+
+/* The single-rank forward of the kernel table: every query against every key, in one step. */
+ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a)
+{
+    const ra_fwd_io io = {&a->q, &a->k, &a->v, &p->q_shard, &p->k_shard, &a->o, a->lse,
+                          NULL,  NULL,  NULL,  1,           1};
+    return ra__cpu_attend_forward(p, &io);
 }

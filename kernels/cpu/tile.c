@@ -24,13 +24,16 @@ const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, 
     return buf;
 }
 
-void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h, int dim,
-                    const float *src, int64_t ld)
+void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
+                    int h, int dim, const float *src, int64_t ld)
 {
     for (int i = 0; i < n; ++i) {
         const float *s = src + (size_t)i * ld;
         void *dst = ra__view_at(v, row0 + i, h);
-        if (dt == RINGATTN_FLOAT32) {
+        if (accumulate) {
+            float *d = dst;
+            for (int c = 0; c < dim; ++c) d[c] += s[c];
+        } else if (dt == RINGATTN_FLOAT32) {
             float *d = dst;
             for (int c = 0; c < dim; ++c) d[c] = s[c];
         } else if (dt == RINGATTN_FLOAT16) {

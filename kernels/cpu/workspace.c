@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
+#include "ring/layout.h"
 #include "ring/error.h"
 
 int ra__cpu_threads(const struct ringattn_plan *p)
@@ -16,37 +17,39 @@ int ra__cpu_threads(const struct ringattn_plan *p)
 void ra__cpu_workspace_free(struct ra_workspace *ws)
 {
     if (!ws) return;
-    free(ws->q_tile_first);
-    free(ws->k_tile_first);
+    free(ws->q_first);
+    free(ws->k_first);
     free(ws->per_thread);
     free(ws->slab);
     free(ws);
 }
 
-static int tile_seq(const int64_t *first, int num_seqs, int64_t t)
-{
-    int lo = 0, hi = num_seqs - 1; /* last s with first[s] <= t */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (first[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-int ra__tile_rows(const int64_t *first, const int32_t *cu, int num_seqs, int block, int64_t tile,
-                  int *seq, int64_t *start)
-{
-    *seq = tile_seq(first, num_seqs, tile);
-    *start = (tile - first[*seq]) * block;
-    const int64_t len = cu[*seq + 1] - cu[*seq];
-    return (int)(len - *start < block ? len - *start : block);
-}
-
-static void tile_index(const int32_t *cu, int n, int block, int64_t *first)
+ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first)
 {
     first[0] = 0;
-    for (int s = 0; s < n; ++s) first[s + 1] = first[s] + (cu[s + 1] - cu[s] + block - 1) / block;
+    for (int i = 0; i < sh->num_segs; ++i)
+        first[i + 1] = first[i] + (sh->segs[i].span.count + block - 1) / block;
+    const ra_tiling t = {block, first[sh->num_segs], first};
+    return t;
+}
+
+int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
+                    int64_t *row)
+{
+    int lo = 0, hi = sh->num_segs - 1; /* the segment with first[i] <= tile < first[i + 1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (t->first[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    const ra_segment *seg = &sh->segs[lo];
+    const int64_t off = (tile - t->first[lo]) * t->block, left = seg->span.count - off;
+    span->seq = seg->span.seq;
+    span->pos = seg->span.pos + off * seg->span.stride;
+    span->stride = seg->span.stride;
+    span->count = left < t->block ? left : t->block;
+    *row = seg->row + off;
+    return (int)span->count;
 }
 
 /* Carves one thread's buffers out of base; returns the number of floats used. */
@@ -78,20 +81,17 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
     ws->block_k = p->block_k ? p->block_k : RA_CPU_DEFAULT_BLOCK_K;
     const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, p->head_dim,
                              p->head_dim_v);
-    ws->q_tile_first = malloc((size_t)(p->num_seqs + 1) * sizeof(int64_t));
-    ws->k_tile_first = malloc((size_t)(p->num_seqs + 1) * sizeof(int64_t));
+    const size_t max_segs = (size_t)p->num_seqs * RA_LAYOUT_MAX_SPANS + 1;
+    ws->q_first = malloc(max_segs * sizeof(int64_t));
+    ws->k_first = malloc(max_segs * sizeof(int64_t));
     ws->per_thread = calloc((size_t)threads, sizeof *ws->per_thread);
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
-    if (!ws->q_tile_first || !ws->k_tile_first || !ws->per_thread || !ws->slab) {
+    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->slab) {
         ra__cpu_workspace_free(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
                         "ringattn: out of memory (workspace of %zu bytes)",
                         per * threads * sizeof(float));
     }
-    tile_index(p->cu_q, p->num_seqs, ws->block_q, ws->q_tile_first);
-    tile_index(p->cu_k, p->num_seqs, ws->block_k, ws->k_tile_first);
-    ws->q_tiles = ws->q_tile_first[p->num_seqs];
-    ws->k_tiles = ws->k_tile_first[p->num_seqs];
     for (int t = 0; t < threads; ++t)
         carve(&ws->per_thread[t], (float *)ws->slab + per * t, ws->block_q, ws->block_k,
               p->head_dim, p->head_dim_v);

@@ -1,0 +1,32 @@
+/*
+ * A shard: the tokens one rank holds, as segments (a span of one sequence plus the local row
+ * where it starts), sorted by sequence. The single-rank plan's queries and keys are shards of
+ * one segment per sequence. Internal.
+ */
+#ifndef RINGATTN_RING_SHARD_H
+#define RINGATTN_RING_SHARD_H
+
+#include <stdint.h>
+
+#include "masks/mask.h"
+#include "ringattn.h"
+
+typedef struct ra_segment {
+    ra_span span; /* positions within its sequence */
+    int64_t row;  /* local row of its first token */
+} ra_segment;
+
+typedef struct ra_shard {
+    int num_segs;
+    ra_segment *segs;
+    int32_t *seq_first; /* [num_seqs + 1]: segments of sequence s are [seq_first[s], seq_first[s+1]) */
+    int64_t rows;
+} ra_shard;
+
+/* The shard of rank r of P under layout (SPEC 8) of the sequences in cu[num_seqs + 1]. With
+   P = 1 this is one segment per non-empty sequence at row cu[s]. */
+ringattn_status_t ra__shard_make(ringattn_layout_t layout, int P, int r, const int32_t *cu,
+                                 int num_seqs, ra_shard *out);
+void ra__shard_free(ra_shard *sh);
+
+#endif
