@@ -135,10 +135,22 @@ RINGATTN_API ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *ran
 /* NULL is a no-op. */
 RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);
 
-/* comm == NULL: one rank (plain flash attention with every mask; also the local API). */
+/*
+ * comm == NULL: one rank (plain flash attention with every mask; also the local API).
+ * Otherwise collective over comm: every rank passes the same descriptor (checked: a mismatch
+ * fails on every rank) and gets a plan for its own tokens under desc->layout.
+ */
 RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
                                                     const ringattn_plan_desc_t *desc,
                                                     ringattn_plan_t *plan);
+/*
+ * The tokens this rank holds, in local row order: *count of them, and when global_index is not
+ * NULL (an array of *count entries, ask for the count first) the index of each in the global
+ * packed batch described by cu_seqlens. Local Q, K, V, O, dO, dQ, dK, dV rows follow this
+ * order; a single-rank plan holds every query token in order.
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
+                                                          int32_t *global_index);
 /* O and LSE from Q, K, V. stream: NULL on CPU. */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);

@@ -1,6 +1,7 @@
 /* ringattn_forward / ringattn_backward: argument checks, then the backend (kernel table). */
 #include "ring/error.h"
 #include "ring/plan.h"
+#include "ring/ring.h"
 #include "ring/tensor.h"
 
 static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
@@ -43,7 +44,7 @@ ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_
     ra_args a = {0};
     RA_TRY(check_call(fn, plan, t, stream));
     RA_TRY(make_qkvo(fn, plan, t, 1, &a));
-    RA_TRY(plan->kops->forward(plan, &a));
+    RA_TRY(ra__ring_forward(plan, &a));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }
@@ -61,7 +62,26 @@ ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors
     RA_TRY(ra__view_make(fn, "dq", t->dq, p->dtype, p->total_q, H, D, 1, &a.dq));
     RA_TRY(ra__view_make(fn, "dk", t->dk, p->dtype, p->total_k, Hk, D, 1, &a.dk));
     RA_TRY(ra__view_make(fn, "dv", t->dv, p->dtype, p->total_k, Hk, Dv, 1, &a.dv));
-    RA_TRY(plan->kops->backward(plan, &a));
+    RA_TRY(ra__ring_backward(plan, &a));
     ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
+                                            int32_t *global_index)
+{
+    static const char fn[] = "ringattn_plan_local_tokens";
+    RA_CHECK(plan != NULL && ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
+             "%s: plan: got %p, expected a live plan", fn, (void *)plan);
+    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: count: got NULL, expected a pointer", fn);
+    *count = plan->q_shard.rows;
+    if (!global_index) return RINGATTN_SUCCESS;
+    for (int i = 0; i < plan->q_shard.num_segs; ++i) {
+        const ra_segment *seg = &plan->q_shard.segs[i];
+        for (int64_t j = 0; j < seg->span.count; ++j)
+            global_index[seg->row + j] =
+                (int32_t)(plan->cu_q[seg->span.seq] + seg->span.pos + j * seg->span.stride);
+    }
     return RINGATTN_SUCCESS;
 }

@@ -3,10 +3,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
+#include "ring/agree.h"
 #include "ring/error.h"
 #include "ring/log.h"
 #include "ring/plan.h"
 #include "ring/registry.h"
+#include "ring/ring.h"
+#include "ring/schedule.h"
 
 #define FN "ringattn_plan_create"
 
@@ -101,6 +105,10 @@ static int32_t *copy_i32(const int32_t *src, int n)
 static void plan_free(struct ringattn_plan *p)
 {
     if (p->ws && p->kops && p->kops->workspace_free) p->kops->workspace_free(p->ws);
+    ra__ring_free(p->ring);
+    for (int r = 0; p->shards && r < p->ranks; ++r) ra__shard_free(&p->shards[r]);
+    free(p->shards);
+    free(p->step_compute);
     ra__shard_free(&p->q_shard);
     ra__shard_free(&p->k_shard);
     free(p->delta);
@@ -110,10 +118,36 @@ static void plan_free(struct ringattn_plan *p)
     free(p);
 }
 
+/*
+ * The local queries and keys as shards: one segment per sequence on one rank (keys from
+ * cu_seqlens_k); in a ring every rank's tokens under the layout, local Q and K the same tokens.
+ */
+static ringattn_status_t plan_shards(struct ringattn_plan *p)
+{
+    if (!p->comm) {
+        p->ranks = 1;
+        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, p->num_seqs, &p->q_shard));
+        return ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_k, p->num_seqs, &p->k_shard);
+    }
+    p->rank = p->comm->rank;
+    p->ranks = p->comm->size;
+    p->shards = calloc((size_t)p->ranks, sizeof *p->shards);
+    RA_CHECK(p->shards, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    for (int r = 0; r < p->ranks; ++r)
+        RA_TRY(ra__shard_make(p->layout, p->ranks, r, p->cu_q, p->num_seqs, &p->shards[r]));
+    RA_TRY(ra__shard_make(p->layout, p->ranks, p->rank, p->cu_q, p->num_seqs, &p->q_shard));
+    RA_TRY(ra__shard_make(p->layout, p->ranks, p->rank, p->cu_q, p->num_seqs, &p->k_shard));
+    p->total_q = p->total_k = p->q_shard.rows; /* local rows */
+    return RINGATTN_SUCCESS;
+}
+
 /* Derived values of the validated descriptor d (SPEC 2-3 defaults). */
-static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_desc_t *d)
+static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm,
+                                   const ringattn_plan_desc_t *d)
 {
     p->desc = *d;
+    p->comm = comm;
+    p->layout = d->layout;
     p->desc.cu_seqlens = p->desc.cu_seqlens_k = NULL;
     p->desc.alibi_slopes = NULL;
     p->num_heads = d->num_heads;
@@ -136,8 +170,7 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_
     RA_CHECK(p->delta, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     for (int s = 0; s < p->num_seqs; ++s)
         p->delta[s] = (int64_t)(p->cu_k[s + 1] - p->cu_k[s]) - (p->cu_q[s + 1] - p->cu_q[s]);
-    RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, p->num_seqs, &p->q_shard));
-    RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_k, p->num_seqs, &p->k_shard));
+    RA_TRY(plan_shards(p));
     p->window.left = d->window_left;
     p->window.right = d->causal ? 0 : d->window_right;
     p->scale = d->softmax_scale > 0.0f ? d->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
@@ -146,16 +179,18 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, const ringattn_plan_
     p->block_k = d->block_k;
     p->num_threads = d->num_threads;
     p->kops = &ra__cpu_kernel_ops;
-    return p->kops->supports(p);
+    RA_TRY(p->kops->supports(p));
+    return ra__schedule_make(p);
 }
 
 static void log_plan(const struct ringattn_plan *p)
 {
     if (!ra__log_enabled(RA_LOG_INFO)) return;
     static const char *dtypes[] = {"float32", "float16", "bfloat16"};
-    ra__log(RA_LOG_INFO, 0, 1, "ringattn %s, backend %s, 1 rank", ringattn_version_string(),
-            p->kops->name);
-    ra__log(RA_LOG_INFO, 0, 1,
+    static const char *layouts[] = {"contiguous", "zigzag", "striped"};
+    ra__log(RA_LOG_INFO, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s",
+            ringattn_version_string(), p->kops->name, p->ranks, layouts[p->layout]);
+    ra__log(RA_LOG_INFO, p->rank, p->ranks,
             "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
             "(%lld, %lld), scale %g, softcap %g, alibi %s",
             p->num_seqs, (long long)p->total_q, (long long)p->total_k, p->num_heads,
@@ -164,32 +199,48 @@ static void log_plan(const struct ringattn_plan *p)
             (double)p->softcap, p->alibi ? "on" : "off");
 }
 
-ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                       ringattn_plan_t *plan)
+/* Everything a rank can check alone about its descriptor. */
+static ringattn_status_t check_desc(ringattn_comm_t comm, const ringattn_plan_desc_t *desc)
 {
-    RA_CHECK(plan != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             FN ": plan: got NULL, expected a pointer to receive the plan");
     RA_CHECK(desc != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": desc: got NULL, expected a descriptor from RINGATTN_PLAN_DESC_INIT");
     RA_CHECK(desc->struct_size == sizeof(ringattn_plan_desc_t), RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": desc->struct_size: got %zu, expected %zu (use RINGATTN_PLAN_DESC_INIT)",
              desc->struct_size, sizeof(ringattn_plan_desc_t));
-    RA_CHECK(comm == NULL, RINGATTN_ERR_UNSUPPORTED,
-             FN ": comm: got a communicator, expected NULL (the ring is not built yet)");
     RA_TRY(check_shapes(desc));
     RA_TRY(check_masks(desc));
     RA_TRY(check_tuning(desc));
+    if (comm && desc->cu_seqlens_k)
+        for (int s = 0; s <= desc->num_seqs; ++s)
+            RA_CHECK(desc->cu_seqlens_k[s] == desc->cu_seqlens[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": cu_seqlens_k[%d]: got %d, expected %d (in a ring queries and keys are "
+                        "the same tokens; use NULL)",
+                     s, (int)desc->cu_seqlens_k[s], (int)desc->cu_seqlens[s]);
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
+                                       ringattn_plan_t *plan)
+{
+    RA_CHECK(comm == NULL || ra__registry_contains(comm), RINGATTN_ERR_INVALID_USAGE,
+             FN ": comm: got %p, expected NULL or a live communicator", (void *)comm);
+    /* In a ring every rank reaches the agreement below, even with bad arguments: a rank that
+       returned early would leave the others waiting. */
+    ringattn_status_t st = plan != NULL ? check_desc(comm, desc)
+                                        : ra__fail(RINGATTN_ERR_INVALID_ARGUMENT,
+                                                   FN ": plan: got NULL, expected a pointer to "
+                                                      "receive the plan");
+    if (comm) st = ra__plan_agree(comm, desc, st);
+    RA_TRY(st);
 
     struct ringattn_plan *p = calloc(1, sizeof *p);
     RA_CHECK(p != NULL, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
-    const ringattn_status_t s = plan_fill(p, desc);
-    if (s != RINGATTN_SUCCESS) {
+    st = plan_fill(p, comm, desc);
+    if (st == RINGATTN_SUCCESS && ra__registry_add(p) != 0)
+        st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    if (st != RINGATTN_SUCCESS) {
         plan_free(p);
-        return s;
-    }
-    if (ra__registry_add(p) != 0) {
-        plan_free(p);
-        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+        return st;
     }
     *plan = p;
     log_plan(p);

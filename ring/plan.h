@@ -24,6 +24,14 @@ struct ringattn_plan {
     float scale, softcap;
     float *alibi;             /* owned [num_heads] or NULL */
     int block_q, block_k, num_threads;
+    /* The ring: a single-rank plan has comm == NULL, ranks == 1, shards == NULL. */
+    ringattn_comm_t comm;
+    int rank, ranks;
+    ringattn_layout_t layout;
+    ra_shard *shards;            /* [ranks] every rank's tokens (SPEC 8) */
+    int num_steps;               /* steps the KV travels: 1 + the farthest shard anyone needs */
+    unsigned char *step_compute; /* [ranks] does this rank compute at step t (EMPTY skipped) */
+    struct ra_ring *ring;        /* exchange buffers and running state, made on first use */
     const struct ra_kernel_ops *kops;
     struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */
 };

@@ -168,21 +168,16 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
         for (int64_t task = 0; task < key_tasks; ++task) {
             ra__tiling_tile(&kt, io->ksh, task / Hk, &span, &row);
             keys_task(p, io, w, &span, row, (int)(task % Hk), ws->block_q);
+            if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < query_tasks; ++task) {
             ra__tiling_tile(&qt, io->qsh, task / H, &span, &row);
             queries_task(p, io, w, &span, row, (int)(task % H), ws->block_k);
+            if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
         }
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
 }
 
-/* The single-rank backward of the kernel table: outputs overwritten in the plan's dtype. */
-ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a)
-{
-    const ra_bwd_io io = {&a->q,  &a->k,  &a->v,  &a->o, &a->dout, a->lse, &p->q_shard,
-                          &p->k_shard, &a->dq, &a->dk, &a->dv, 0};
-    return ra__cpu_attend_backward(p, &io);
-}

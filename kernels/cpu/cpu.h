@@ -49,32 +49,6 @@ ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first);
 int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
                     int64_t *row);
 
-/*
- * One forward call: local queries against one shard of keys, merged into the running state
- * (m, l [H, q rows], acc [q rows, H, D_v]) when the call is one ring step of several; with
- * m == NULL the state lives in the tile (first and last step at once).
- */
-typedef struct ra_fwd_io {
-    const ra_view *q, *k, *v;
-    const ra_shard *qsh, *ksh;
-    const ra_view *o; /* written, with lse, on the last step */
-    float *lse;
-    float *m, *l, *acc;
-    int first, last;
-} ra_fwd_io;
-
-/*
- * One backward call (SPEC 7): local queries against one shard of keys. Outputs are overwritten
- * in the plan's dtype, or, with accumulate set, are float32 sums added to (ring steps).
- */
-typedef struct ra_bwd_io {
-    const ra_view *q, *k, *v, *o, *dout;
-    const float *lse;
-    const ra_shard *qsh, *ksh;
-    const ra_view *dq, *dk, *dv;
-    int accumulate;
-} ra_bwd_io;
-
 ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_io *io);
 ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io);
 
@@ -127,7 +101,5 @@ void ra__cpu_blas_single_thread_end(int saved);
 /* Warns once (RINGATTN_LOG=warn) when OpenBLAS runs kernels far below the CPU's ISA. */
 void ra__cpu_blas_check(void);
 
-ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a);
-ringattn_status_t ra__cpu_backward(struct ringattn_plan *p, const ra_args *a);
 
 #endif

@@ -130,15 +130,9 @@ ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_i
         ra__tiling_tile(&qt, io->qsh, task / H, &qs, &qrow);
         forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, (int)(task % H),
                       ws->block_k);
+        if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
 }
 
-/* The single-rank forward of the kernel table: every query against every key, in one step. */
-ringattn_status_t ra__cpu_forward(struct ringattn_plan *p, const ra_args *a)
-{
-    const ra_fwd_io io = {&a->q, &a->k, &a->v, &p->q_shard, &p->k_shard, &a->o, a->lse,
-                          NULL,  NULL,  NULL,  1,           1};
-    return ra__cpu_attend_forward(p, &io);
-}

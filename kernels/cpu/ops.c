@@ -11,7 +11,7 @@ static ringattn_status_t cpu_supports(const struct ringattn_plan *p)
 const struct ra_kernel_ops ra__cpu_kernel_ops = {
     .name = "cpu",
     .supports = cpu_supports,
-    .forward = ra__cpu_forward,
-    .backward = ra__cpu_backward,
+    .attend_forward = ra__cpu_attend_forward,
+    .attend_backward = ra__cpu_attend_backward,
     .workspace_free = ra__cpu_workspace_free,
 };

@@ -1,0 +1,41 @@
+// Runs one ring-attention problem on P ranks and on one rank, through the public API only, and
+// gathers the ranks' local outputs back into global order (ringattn_plan_local_tokens). The
+// single-rank plan is itself checked against the float64 oracle by the unit tests, so ring ==
+// single-rank within SPEC 9 means ring == oracle.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ringattn.h"
+
+namespace ringtest {
+
+struct Problem {
+    int H = 4, Hkv = 2, D = 32, Dv = 32;
+    ringattn_dtype_t dtype = RINGATTN_FLOAT32;
+    std::vector<int32_t> cu; // global cu_seqlens
+    int causal = 0, wl = -1, wr = -1;
+    float softcap = 0.0f;
+    std::vector<float> alibi;
+    // Global inputs, stored in the problem's dtype (raw elements), packed.
+    std::vector<uint16_t> q16, k16, v16, do16;
+    std::vector<float> q32, k32, v32, do32;
+    int64_t T() const { return cu.back(); }
+    ringattn_plan_desc_t desc(ringattn_layout_t layout) const;
+    void fill(uint64_t seed);
+};
+
+// Outputs in global order, as float (converted from the dtype).
+struct Result {
+    std::vector<float> o, lse, dq, dk, dv;
+    ringattn_status_t status = RINGATTN_SUCCESS;
+};
+
+// One rank's work given its comm (nullptr: single rank); run on `ranks` threads. The hook, when
+// set, may change each rank's descriptor before plan creation (mismatch tests).
+Result run(const Problem &pb, int ranks, ringattn_layout_t layout,
+           const std::function<void(int, ringattn_plan_desc_t &)> &hook = {});
+
+} // namespace ringtest
