@@ -22,7 +22,7 @@ bash cmake/install-deps.sh
 jobs="$(nproc 2>/dev/null || echo 2)"
 # Explicit ON: a build directory configured earlier with tests, bench or examples OFF would
 # otherwise keep them off and ctest would find nothing to run.
-parts=(-DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_BENCH=ON -DRINGATTN_BUILD_EXAMPLES=ON)
+parts=(-DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_BENCH=ON -DRINGATTN_BUILD_EXAMPLES=ON -DRINGATTN_ENABLE_MPI=ON)
 if [[ $sanitize -eq 1 ]]; then
     build=build-asan
     cmake -S . -B "$build" "${parts[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON

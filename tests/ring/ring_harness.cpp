@@ -152,16 +152,31 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
     }
 }
 
-Result run(const Problem &pb, int ranks, ringattn_layout_t layout,
-           const std::function<void(int, ringattn_plan_desc_t &)> &hook)
+static Result blank(const Problem &pb, float fill)
 {
     const size_t T = (size_t)pb.T();
     Result res;
-    res.o.assign(T * pb.H * pb.Dv, NAN);
-    res.lse.assign(T * pb.H, NAN);
-    res.dq.assign(T * pb.H * pb.D, NAN);
-    res.dk.assign(T * pb.Hkv * pb.D, NAN);
-    res.dv.assign(T * pb.Hkv * pb.Dv, NAN);
+    res.o.assign(T * pb.H * pb.Dv, fill);
+    res.lse.assign(T * pb.H, fill);
+    res.dq.assign(T * pb.H * pb.D, fill);
+    res.dk.assign(T * pb.Hkv * pb.D, fill);
+    res.dv.assign(T * pb.Hkv * pb.Dv, fill);
+    return res;
+}
+
+Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layout_t layout,
+                const std::function<void(int, ringattn_plan_desc_t &)> &hook)
+{
+    Result res = blank(pb, 0.0f);
+    std::mutex mu;
+    rank_work(pb, comm, rank, layout, hook, res, mu);
+    return res;
+}
+
+Result run(const Problem &pb, int ranks, ringattn_layout_t layout,
+           const std::function<void(int, ringattn_plan_desc_t &)> &hook)
+{
+    Result res = blank(pb, NAN);
     std::mutex mu;
     if (ranks == 0) { // single-rank plan, no comm
         rank_work(pb, nullptr, 0, layout, hook, res, mu);

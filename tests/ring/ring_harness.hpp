@@ -38,4 +38,10 @@ struct Result {
 Result run(const Problem &pb, int ranks, ringattn_layout_t layout,
            const std::function<void(int, ringattn_plan_desc_t &)> &hook = {});
 
+// This process's part as rank `rank` of comm (an MPI job, say): the global result with only
+// this rank's tokens filled in and every other entry 0, so that summing the ranks' results
+// (an allreduce) gives the global result exactly.
+Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layout_t layout,
+                const std::function<void(int, ringattn_plan_desc_t &)> &hook = {});
+
 } // namespace ringtest
