@@ -151,6 +151,20 @@ RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
  */
 RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
                                                           int32_t *global_index);
+/*
+ * Layout helpers, so that callers need not re-derive SPEC 8. scatter copies this rank's rows of
+ * a global [T, heads, dim] tensor (T = cu_seqlens[num_seqs]) into a local [T_local, heads, dim]
+ * one; gather writes a local tensor's rows into their places in a global one (other rows are
+ * left as they are: combine the ranks' pieces with your own allgather or reduction). Tensors
+ * are of `dtype`, strides as in ringattn_tensor_t. An LSE [H, T] is dtype RINGATTN_FLOAT32,
+ * heads = H, dim = 1, row_stride = 1 and head_stride = T (global) or T_local (local).
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_scatter(ringattn_plan_t plan, ringattn_dtype_t dtype,
+                                                     int heads, int dim, ringattn_tensor_t global,
+                                                     ringattn_tensor_t local);
+RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringattn_dtype_t dtype,
+                                                    int heads, int dim, ringattn_tensor_t local,
+                                                    ringattn_tensor_t global);
 /* O and LSE from Q, K, V. stream: NULL on CPU. */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);

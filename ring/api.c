@@ -66,22 +66,3 @@ ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }
-
-ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
-                                            int32_t *global_index)
-{
-    static const char fn[] = "ringattn_plan_local_tokens";
-    RA_CHECK(plan != NULL && ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
-             "%s: plan: got %p, expected a live plan", fn, (void *)plan);
-    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: count: got NULL, expected a pointer", fn);
-    *count = plan->q_shard.rows;
-    if (!global_index) return RINGATTN_SUCCESS;
-    for (int i = 0; i < plan->q_shard.num_segs; ++i) {
-        const ra_segment *seg = &plan->q_shard.segs[i];
-        for (int64_t j = 0; j < seg->span.count; ++j)
-            global_index[seg->row + j] =
-                (int32_t)(plan->cu_q[seg->span.seq] + seg->span.pos + j * seg->span.stride);
-    }
-    return RINGATTN_SUCCESS;
-}
