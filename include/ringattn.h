@@ -151,6 +151,22 @@ RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
  */
 RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
                                                           int32_t *global_index);
+/* What a plan will do on this rank: its schedule and traffic (also logged at RINGATTN_LOG=info). */
+typedef struct ringattn_plan_info {
+    size_t struct_size;           /* set by RINGATTN_PLAN_INFO_INIT */
+    int rank, ranks;
+    int64_t local_tokens;
+    int num_steps;                /* ring steps (<= ranks): after them no rank needs a farther shard */
+    int compute_steps;            /* steps in which this rank computes (the others are EMPTY) */
+    size_t forward_bytes_sent, forward_bytes_received;   /* per forward call */
+    size_t backward_bytes_sent, backward_bytes_received; /* per backward call */
+} ringattn_plan_info_t;
+
+#define RINGATTN_PLAN_INFO_INIT {sizeof(ringattn_plan_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+RINGATTN_API ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan,
+                                                      ringattn_plan_info_t *info);
+
 /*
  * Layout helpers, so that callers need not re-derive SPEC 8. scatter copies this rank's rows of
  * a global [T, heads, dim] tensor (T = cu_seqlens[num_seqs]) into a local [T_local, heads, dim]

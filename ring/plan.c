@@ -109,6 +109,7 @@ static void plan_free(struct ringattn_plan *p)
     for (int r = 0; p->shards && r < p->ranks; ++r) ra__shard_free(&p->shards[r]);
     free(p->shards);
     free(p->step_compute);
+    free(p->last_hop);
     ra__shard_free(&p->q_shard);
     ra__shard_free(&p->k_shard);
     free(p->delta);

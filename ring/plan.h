@@ -29,8 +29,9 @@ struct ringattn_plan {
     int rank, ranks;
     ringattn_layout_t layout;
     ra_shard *shards;            /* [ranks] every rank's tokens (SPEC 8) */
-    int num_steps;               /* steps the KV travels: 1 + the farthest shard anyone needs */
+    int num_steps;               /* ring steps: 1 + the longest journey of any shard */
     unsigned char *step_compute; /* [ranks] does this rank compute at step t (EMPTY skipped) */
+    int *last_hop;               /* [ranks] shard s travels s -> s+1 -> ... -> s+last_hop[s] */
     struct ra_ring *ring;        /* exchange buffers and running state, made on first use */
     const struct ra_kernel_ops *kops;
     struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */

@@ -18,7 +18,8 @@
 
 struct ra_ring {
     void *kv[2];     /* packed K then V of one shard, plan dtype */
-    float *grad[2];  /* packed dK then dV of one shard, float32 (backward) */
+    float *grad[2];  /* packed dK then dV sums of the shard at hand, float32 (backward) */
+    float *own;      /* the finished sums of this rank's own shard */
     float *m, *l;    /* forward state [H, rows] */
     float *acc;      /* forward state [rows, H, D_v]; backward dQ sums [rows, H, D] */
 };
@@ -30,6 +31,7 @@ void ra__ring_free(struct ra_ring *ring)
         free(ring->kv[i]);
         free(ring->grad[i]);
     }
+    free(ring->own);
     free(ring->m);
     free(ring->l);
     free(ring->acc);
@@ -50,7 +52,7 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
     int ok = g != NULL;
     for (int i = 0; ok && i < 2; ++i)
         ok = (g->kv[i] = malloc(kv)) && (g->grad[i] = malloc(grad));
-    ok = ok && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
+    ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
          && (g->acc = malloc(rows * H * dmax * sizeof(float)));
     if (!ok) {
         ra__ring_free(g);
@@ -101,8 +103,6 @@ static void progress(void *ctx)
     (void)c->comm->ops->test(c->comm, c->req, &done); /* a failure shows again in wait */
 }
 
-static int shard_at(const struct ringattn_plan *p, int t) { return (p->rank - t + p->ranks) % p->ranks; }
-
 static int last_compute_step(const struct ringattn_plan *p)
 {
     int last = 0;
@@ -111,15 +111,19 @@ static int last_compute_step(const struct ringattn_plan *p)
     return last;
 }
 
-/* Starts passing shard src's bytes in buf[cur] on and receiving the next shard into buf[!cur]. */
-static ringattn_status_t pass_on(struct ringattn_plan *p, void *const buf[2], int cur, int src,
+/*
+ * Starts passing the shard held at step t (its bytes in buf[cur]) on to the next rank if it
+ * travels on, and receiving into buf[!cur] the shard the previous rank passes on.
+ */
+static ringattn_status_t pass_on(struct ringattn_plan *p, void *const buf[2], int cur, int t,
                                  size_t (*bytes)(const struct ringattn_plan *, int), int tag,
                                  ra_request *req)
 {
-    const int P = p->ranks, prev = (src - 1 + P) % P;
-    return p->comm->ops->sendrecv_start(p->comm, buf[cur], bytes(p, src), (p->rank + 1) % P,
-                                        buf[!cur], bytes(p, prev), (p->rank - 1 + P) % P, tag,
-                                        req);
+    const int P = p->ranks, r = p->rank, prev = (r - 1 + P) % P;
+    const size_t out = ra__moves_on(p, r, t) ? bytes(p, ra__held_shard(p, r, t)) : 0;
+    const size_t in = ra__moves_on(p, prev, t) ? bytes(p, ra__held_shard(p, prev, t)) : 0;
+    return p->comm->ops->sendrecv_start(p->comm, buf[cur], out, (r + 1) % P, buf[!cur], in, prev,
+                                        tag, req);
 }
 
 ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
@@ -139,10 +143,10 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
     const int last = last_compute_step(p);
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
-        const int src = shard_at(p, t), moving = t + 1 < p->num_steps;
+        const int src = ra__held_shard(p, p->rank, t), moving = t + 1 < p->num_steps;
         ra_request req;
         progress_ctx pc = {p->comm, &req};
-        if (moving) RA_TRY(pass_on(p, g->kv, cur, src, ra__shard_kv_bytes, t, &req));
+        if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, t, &req));
         if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
             ra_view k = a->k, v = a->v; /* step 0: the caller's own K/V, read in place */
             if (t > 0) packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v);
@@ -158,8 +162,8 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
 
 /*
  * Backward: K/V travel as in the forward, and behind them the float32 dK/dV sums of the shard,
- * to which every rank that sees the shard adds its part. After the last step the sums go
- * straight back to their owner (DESIGN: cut rings return dK/dV directly).
+ * to which every rank that sees the shard adds its part. Where a shard's journey ends its sums
+ * are finished and go straight back to their owner (DESIGN: cut rings return dK/dV directly).
  */
 ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
 {
@@ -170,7 +174,7 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
     }
     RA_TRY(ring_make(p));
     struct ra_ring *g = p->ring;
-    const int P = p->ranks, H = p->num_heads, Hk = p->num_kv_heads;
+    const int P = p->ranks, r = p->rank, H = p->num_heads, Hk = p->num_kv_heads;
     const int D = p->head_dim, Dv = p->head_dim_v;
     const int64_t rows = p->q_shard.rows;
     const size_t elem = ra__dtype_size(p->dtype);
@@ -178,17 +182,16 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
     packed_views(p, g->kv[0], rows, elem, &pk, &pv);
     copy_rows(&a->k, &pk, p->dtype, rows, Hk, D);
     copy_rows(&a->v, &pv, p->dtype, rows, Hk, Dv);
-    memset(g->grad[0], 0, ra__shard_grad_bytes(p, p->rank));
+    memset(g->grad[0], 0, ra__shard_grad_bytes(p, r));
     memset(g->acc, 0, (size_t)rows * H * D * sizeof(float));
     const ra_view dq = {(char *)g->acc, (int64_t)H * D, D, sizeof(float)};
     void *grads[2] = {g->grad[0], g->grad[1]};
     ringattn_status_t st = RINGATTN_SUCCESS;
-    int cur = 0;
-    for (int t = 0; t < p->num_steps; ++t, cur ^= 1) {
-        const int src = shard_at(p, t), moving = t + 1 < p->num_steps;
-        ra_request req, greq;
+    for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
+        const int src = ra__held_shard(p, r, t), moving = t + 1 < p->num_steps;
+        ra_request req, greq, rreq;
         progress_ctx pc = {p->comm, &req};
-        if (moving) RA_TRY(pass_on(p, g->kv, cur, src, ra__shard_kv_bytes, 2 * t, &req));
+        if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, 3 * t, &req));
         if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
             ra_view k = a->k, v = a->v;
             if (t > 0) packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v);
@@ -198,24 +201,19 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
                                   {moving ? progress : NULL, &pc}};
             st = p->kops->attend_backward(p, &io);
         }
-        if (!moving) break;
-        RA_TRY(p->comm->ops->wait(p->comm, &req));
-        RA_TRY(pass_on(p, grads, cur, src, ra__shard_grad_bytes, 2 * t + 1, &greq));
-        RA_TRY(p->comm->ops->wait(p->comm, &greq));
-    }
-    /* Now holding the finished sums of shard (rank - num_steps + 1): send them to their owner,
-       receive ours from the rank num_steps - 1 ahead. */
-    const int held = shard_at(p, p->num_steps - 1), from = (p->rank + p->num_steps - 1) % P;
-    if (held != p->rank) {
-        ra_request req;
-        RA_TRY(p->comm->ops->sendrecv_start(p->comm, grads[cur], ra__shard_grad_bytes(p, held),
-                                            held, grads[!cur], ra__shard_grad_bytes(p, p->rank),
-                                            from, 2 * p->num_steps, &req));
-        RA_TRY(p->comm->ops->wait(p->comm, &req));
-        cur ^= 1;
+        if (moving) RA_TRY(p->comm->ops->wait(p->comm, &req));
+        if (t == 0 && p->last_hop[r] == 0) memcpy(g->own, grads[cur], ra__shard_grad_bytes(p, r));
+        if (moving) RA_TRY(pass_on(p, grads, cur, t, ra__shard_grad_bytes, 3 * t + 1, &greq));
+        /* Journeys ending here: send the held shard's sums home, receive ours. */
+        const size_t home = t > 0 && p->last_hop[src] == t ? ra__shard_grad_bytes(p, src) : 0;
+        const size_t mine = t > 0 && p->last_hop[r] == t ? ra__shard_grad_bytes(p, r) : 0;
+        RA_TRY(p->comm->ops->sendrecv_start(p->comm, grads[cur], home, src, g->own, mine,
+                                            (r + t) % P, 3 * t + 2, &rreq));
+        if (moving) RA_TRY(p->comm->ops->wait(p->comm, &greq));
+        RA_TRY(p->comm->ops->wait(p->comm, &rreq));
     }
     RA_TRY(st);
-    packed_views(p, grads[cur], rows, sizeof(float), &gk, &gv);
+    packed_views(p, g->own, rows, sizeof(float), &gk, &gv);
     copy_rows(&gk, &a->dk, p->dtype, rows, Hk, D);
     copy_rows(&gv, &a->dv, p->dtype, rows, Hk, Dv);
     copy_rows(&dq, &a->dq, p->dtype, rows, H, D);

@@ -1,4 +1,5 @@
 /* The ring schedule: which steps compute, how far the KV travels (see schedule.h). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "ring/error.h"
@@ -35,38 +36,89 @@ static int shards_meet(const struct ringattn_plan *p, const ra_shard *a, const r
     return 0;
 }
 
-static void log_schedule(const struct ringattn_plan *p)
+/* Bytes this rank sends and receives in one forward and one backward (ring.c's exchanges). */
+static void traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2])
 {
-    if (!ra__log_enabled(RA_LOG_INFO)) return;
-    const int P = p->ranks, r = p->rank;
-    int kept = 0;
-    size_t sent = 0, received = 0;
-    for (int t = 0; t < p->num_steps; ++t) {
-        kept += p->step_compute[t];
-        if (t + 1 < p->num_steps) {
-            sent += ra__shard_kv_bytes(p, (r - t + P) % P);
-            received += ra__shard_kv_bytes(p, (r - t - 1 + 2 * P) % P);
+    const int r = p->rank, prev = (r - 1 + p->ranks) % p->ranks;
+    fwd[0] = fwd[1] = bwd[0] = bwd[1] = 0;
+    for (int t = 0; t + 1 < p->num_steps; ++t) {
+        const int held = ra__held_shard(p, r, t), next = ra__held_shard(p, prev, t);
+        if (ra__moves_on(p, r, t)) {
+            fwd[0] += ra__shard_kv_bytes(p, held);
+            bwd[0] += ra__shard_kv_bytes(p, held) + ra__shard_grad_bytes(p, held);
+        }
+        if (ra__moves_on(p, prev, t)) {
+            fwd[1] += ra__shard_kv_bytes(p, next);
+            bwd[1] += ra__shard_kv_bytes(p, next) + ra__shard_grad_bytes(p, next);
         }
     }
-    ra__log(RA_LOG_INFO, r, P,
-            "schedule: %d of %d ring steps, compute at %d (%d skipped as EMPTY), forward KV "
-            "bytes sent %zu, received %zu",
-            p->num_steps, P, kept, p->num_steps - kept, sent, received);
+    for (int t = 1; t < p->num_steps; ++t) { /* finished dK/dV sums go straight to the owner */
+        const int held = ra__held_shard(p, r, t);
+        if (p->last_hop[held] == t) bwd[0] += ra__shard_grad_bytes(p, held);
+    }
+    if (p->last_hop[r] > 0) bwd[1] += ra__shard_grad_bytes(p, r);
+}
+
+static void log_schedule(const struct ringattn_plan *p)
+{
+    if (!ra__log_enabled(RA_LOG_INFO) || p->ranks == 1) return;
+    char steps[256];
+    int kept = 0, len = 0;
+    for (int t = 0; t < p->num_steps; ++t) {
+        kept += p->step_compute[t];
+        if (len < (int)sizeof steps - 8)
+            len += snprintf(steps + len, sizeof steps - (size_t)len, "%s%c", t ? " " : "",
+                            p->step_compute[t] ? 'C' : '-');
+    }
+    size_t fwd[2], bwd[2];
+    traffic(p, fwd, bwd);
+    ra__log(RA_LOG_INFO, p->rank, p->ranks,
+            "schedule: %d of %d ring steps [%s] (C = compute, - = EMPTY, skipped), %d computed; "
+            "bytes sent/received: forward %zu/%zu, backward %zu/%zu",
+            p->num_steps, p->ranks, steps, kept, fwd[0], fwd[1], bwd[0], bwd[1]);
+}
+
+ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan, ringattn_plan_info_t *info)
+{
+    static const char fn[] = "ringattn_plan_get_info";
+    RA_CHECK(plan != NULL && ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
+             "%s: plan: got %p, expected a live plan", fn, (void *)plan);
+    RA_CHECK(info != NULL && info->struct_size == sizeof *info, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: info: got %s, expected a ringattn_plan_info_t from RINGATTN_PLAN_INFO_INIT", fn,
+             info ? "a wrong struct_size" : "NULL");
+    const struct ringattn_plan *p = plan;
+    size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
+    if (p->ranks > 1) traffic(p, fwd, bwd);
+    info->rank = p->rank;
+    info->ranks = p->ranks;
+    info->local_tokens = p->q_shard.rows;
+    info->num_steps = p->num_steps;
+    info->compute_steps = 0;
+    for (int t = 0; t < p->num_steps; ++t) info->compute_steps += p->step_compute[t];
+    info->forward_bytes_sent = fwd[0];
+    info->forward_bytes_received = fwd[1];
+    info->backward_bytes_sent = bwd[0];
+    info->backward_bytes_received = bwd[1];
+    return RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ra__schedule_make(struct ringattn_plan *p)
 {
     const int P = p->ranks;
     p->step_compute = calloc((size_t)P, 1);
-    RA_CHECK(p->step_compute, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn_plan_create: out of memory");
+    p->last_hop = calloc((size_t)P, sizeof *p->last_hop);
+    RA_CHECK(p->step_compute && p->last_hop, RINGATTN_ERR_OUT_OF_MEMORY,
+             "ringattn_plan_create: out of memory");
     p->step_compute[0] = 1; /* always: the step that initialises and finalises the state */
     p->num_steps = 1;
-    for (int r = 0; P > 1 && r < P; ++r) {
-        for (int t = 1; t < P; ++t) {
-            if (!shards_meet(p, &p->shards[r], &p->shards[(r - t + P) % P])) continue;
-            if (t + 1 > p->num_steps) p->num_steps = t + 1;
-            if (r == p->rank) p->step_compute[t] = 1;
+    for (int s = 0; P > 1 && s < P; ++s) {
+        for (int j = 1; j < P; ++j) { /* rank s + j meets shard s at step j */
+            const int r = (s + j) % P;
+            if (!shards_meet(p, &p->shards[r], &p->shards[s])) continue;
+            p->last_hop[s] = j;
+            if (r == p->rank) p->step_compute[j] = 1;
         }
+        if (p->last_hop[s] + 1 > p->num_steps) p->num_steps = p->last_hop[s] + 1;
     }
     log_schedule(p);
     return RINGATTN_SUCCESS;
