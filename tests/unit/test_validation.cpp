@@ -322,3 +322,33 @@ TEST_CASE("last_error is per thread", "[validation]")
     CHECK(theirs.empty());
     CHECK(std::string(ringattn_last_error()) == mine);
 }
+
+TEST_CASE("merge_partials: num_partials < 1 and a NULL partial LSE", "[validation][merge]")
+{
+    // (test_merge covers every merge argument; these two are the validation list's.)
+    const int64_t T = 3;
+    const int H = 2, Dv = 4;
+    std::vector<float> o0((size_t)(T * H * Dv), 1.0f), o1 = o0, out((size_t)(T * H * Dv), 7.0f);
+    std::vector<float> l0((size_t)(T * H), 0.5f), l1 = l0, out_lse((size_t)(T * H), 9.0f);
+    const std::vector<float> out_before = out, lse_before = out_lse;
+    ringattn_tensor_t parts[2] = {{o0.data(), 0, 0}, {o1.data(), 0, 0}};
+    ringattn_tensor_t dst = {out.data(), 0, 0};
+    const float *lses[2] = {l0.data(), l1.data()};
+    const float *lses_null[2] = {l0.data(), nullptr};
+    for (int n : {0, -1}) {
+        INFO("num_partials " << n);
+        CHECK(ringattn_merge_partials(n, T, H, Dv, RINGATTN_FLOAT32, parts, lses, dst, out_lse.data()) ==
+              RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(mentions("ringattn_merge_partials"));
+    }
+    CHECK(ringattn_merge_partials(2, T, H, Dv, RINGATTN_FLOAT32, parts, lses_null, dst, out_lse.data()) ==
+          RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("ringattn_merge_partials"));
+    CHECK(out == out_before);
+    CHECK(std::memcmp(out_lse.data(), lse_before.data(), lse_before.size() * sizeof(float)) == 0);
+    // and the same arguments with both LSEs succeed (the failures above are the ones tested)
+    CHECK(ringattn_merge_partials(2, T, H, Dv, RINGATTN_FLOAT32, parts, lses, dst, out_lse.data()) ==
+          RINGATTN_SUCCESS);
+    CHECK(out[0] == 1.0f);
+    CHECK(out_lse[0] == Approx(0.5 + std::log(2.0)).epsilon(1e-6));
+}

@@ -1,0 +1,299 @@
+#include "support/oracle.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace ratest {
+
+double AttnConfig::eff_scale() const { return scale != 0.0f ? (double)scale : 1.0 / std::sqrt((double)D); }
+
+std::string AttnConfig::describe() const
+{
+    std::ostringstream s;
+    s << dtype_name(dtype) << " H=" << H << " Hkv=" << hkv() << " D=" << D << " Dv=" << dv()
+      << " cu_q={";
+    for (size_t i = 0; i < cu_q.size(); ++i) s << (i ? "," : "") << cu_q[i];
+    s << "}";
+    if (!cu_k.empty()) {
+        s << " cu_k={";
+        for (size_t i = 0; i < cu_k.size(); ++i) s << (i ? "," : "") << cu_k[i];
+        s << "}";
+    }
+    s << " causal=" << causal << " window=(" << wl << "," << wr << ") scale=" << scale
+      << " softcap=" << softcap << " alibi=" << (alibi.empty() ? "off" : "on")
+      << " block=(" << block_q << "," << block_k << ") threads=" << num_threads;
+    return s.str();
+}
+
+namespace {
+
+const double NEG_INF = -std::numeric_limits<double>::infinity();
+
+// Keys [lo, hi] (positions within the sequence) that query position p may see (SPEC 3); the
+// allowed set of one query is an interval. Empty when lo > hi.
+void key_range(const AttnConfig &cfg, int64_t p, int64_t delta, int64_t Lk, int64_t &lo,
+               int64_t &hi)
+{
+    const int64_t wr = cfg.eff_wr();
+    lo = cfg.wl >= 0 ? std::max<int64_t>(0, p + delta - cfg.wl) : 0;
+    hi = wr >= 0 ? std::min<int64_t>(Lk - 1, p + delta + wr) : Lk - 1;
+}
+
+// z_raw (before softcap) and s (SPEC 2) in arithmetic R.
+template <class R>
+void logit(const AttnConfig &cfg, const R *q, const R *k, int h, int64_t p, int64_t delta,
+           int64_t pj, R scale, R &z_raw, R &s)
+{
+    R dot = 0;
+    for (int c = 0; c < cfg.D; ++c) dot += q[c] * k[c];
+    z_raw = scale * dot;
+    R z = z_raw;
+    if (cfg.softcap > 0) {
+        const R cap = (R)cfg.softcap;
+        z = cap * std::tanh(z_raw / cap);
+    }
+    if (!cfg.alibi.empty()) {
+        int64_t dist = p + delta - pj;
+        if (dist < 0) dist = -dist;
+        z -= (R)cfg.alibi[(size_t)h] * (R)dist;
+    }
+    s = z;
+}
+
+template <class R>
+std::vector<R> to_vec(const Dense &d)
+{
+    return std::vector<R>(d.v.begin(), d.v.end());
+}
+
+template <class R>
+FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, const Dense &Vd,
+                   const KeyFilter *keys, bool round_out)
+{
+    const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv(), G = H / Hkv;
+    const int64_t Tq = cfg.Tq();
+    const std::vector<R> Q = to_vec<R>(Qd), K = to_vec<R>(Kd), V = to_vec<R>(Vd);
+    const R scale = (R)cfg.eff_scale();
+    FwdResult r;
+    r.O = Dense(Tq, H, Dv);
+    r.lse.assign((size_t)(H * Tq), NEG_INF);
+    const std::vector<int32_t> &cuk = cfg.cuk();
+    std::vector<R> s, acc((size_t)Dv);
+    for (int sq = 0; sq < cfg.num_seqs(); ++sq) {
+        const int64_t q0 = cfg.cu_q[sq], Lq = cfg.cu_q[sq + 1] - q0;
+        const int64_t k0 = cuk[sq], Lk = cuk[sq + 1] - k0, delta = Lk - Lq;
+        for (int64_t p = 0; p < Lq; ++p) {
+            int64_t lo, hi;
+            key_range(cfg, p, delta, Lk, lo, hi);
+            for (int h = 0; h < H; ++h) {
+                const int hk = h / G;
+                const R *q = &Q[(size_t)(((q0 + p) * H + h) * D)];
+                s.assign(hi >= lo ? (size_t)(hi - lo + 1) : 0, (R)0);
+                R m = -std::numeric_limits<R>::infinity();
+                bool any = false;
+                for (int64_t pj = lo; pj <= hi; ++pj) {
+                    const int64_t j = k0 + pj;
+                    if (keys && !(*keys)[(size_t)j]) continue;
+                    R zr, sv;
+                    logit<R>(cfg, q, &K[(size_t)((j * Hkv + hk) * D)], h, p, delta, pj, scale, zr, sv);
+                    s[(size_t)(pj - lo)] = sv;
+                    m = any ? std::max(m, sv) : sv;
+                    any = true;
+                }
+                if (!any) continue; // O stays 0, LSE -inf
+                R l = 0;
+                std::fill(acc.begin(), acc.end(), (R)0);
+                for (int64_t pj = lo; pj <= hi; ++pj) {
+                    const int64_t j = k0 + pj;
+                    if (keys && !(*keys)[(size_t)j]) continue;
+                    const R pr = std::exp(s[(size_t)(pj - lo)] - m);
+                    l += pr;
+                    const R *v = &V[(size_t)((j * Hkv + hk) * Dv)];
+                    for (int c = 0; c < Dv; ++c) acc[(size_t)c] += pr * v[c];
+                }
+                for (int c = 0; c < Dv; ++c) {
+                    R o = acc[(size_t)c] / l;
+                    r.O.at(q0 + p, h, c) = round_out ? round_to_dtype((double)o, cfg.dtype) : (double)o;
+                }
+                r.lse[(size_t)(h * Tq + q0 + p)] = (double)(m + std::log(l));
+            }
+        }
+    }
+    return r;
+}
+
+template <class R>
+BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, const Dense &Vd,
+                   const Dense &Od, const std::vector<double> &lse_d, const Dense &dOd,
+                   bool round_out, bool magnitude = false)
+{
+    const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv(), G = H / Hkv;
+    const int64_t Tq = cfg.Tq(), Tk = cfg.Tk();
+    const std::vector<R> Q = to_vec<R>(Qd), K = to_vec<R>(Kd), V = to_vec<R>(Vd),
+                         O = to_vec<R>(Od), dO = to_vec<R>(dOd);
+    const R scale = (R)cfg.eff_scale();
+    std::vector<R> dQ((size_t)(Tq * H * D), 0), dK((size_t)(Tk * Hkv * D), 0),
+        dV((size_t)(Tk * Hkv * Dv), 0);
+    const std::vector<int32_t> &cuk = cfg.cuk();
+    for (int sq = 0; sq < cfg.num_seqs(); ++sq) {
+        const int64_t q0 = cfg.cu_q[sq], Lq = cfg.cu_q[sq + 1] - q0;
+        const int64_t k0 = cuk[sq], Lk = cuk[sq + 1] - k0, delta = Lk - Lq;
+        for (int64_t p = 0; p < Lq; ++p) {
+            int64_t lo, hi;
+            key_range(cfg, p, delta, Lk, lo, hi);
+            for (int h = 0; h < H; ++h) {
+                const double lse_i = lse_d[(size_t)(h * Tq + q0 + p)];
+                if (lse_i == NEG_INF) continue; // no allowed key: contributes nothing, dQ = 0
+                const R lse = (R)lse_i;
+                const int hk = h / G;
+                const size_t qi = (size_t)(((q0 + p) * H + h) * D);
+                const size_t oi = (size_t)(((q0 + p) * H + h) * Dv);
+                R Di = 0;
+                for (int c = 0; c < Dv; ++c)
+                    Di += magnitude ? std::fabs(dO[oi + c] * O[oi + c]) : dO[oi + c] * O[oi + c];
+                for (int64_t pj = lo; pj <= hi; ++pj) {
+                    const int64_t j = k0 + pj;
+                    const size_t ki = (size_t)((j * Hkv + hk) * D);
+                    const size_t vi = (size_t)((j * Hkv + hk) * Dv);
+                    R zr, sv;
+                    logit<R>(cfg, &Q[qi], &K[ki], h, p, delta, pj, scale, zr, sv);
+                    const R P = std::exp(sv - lse);
+                    R dP = 0;
+                    if (magnitude) { // the same sums over |terms| (see oracle.hpp)
+                        for (int c = 0; c < Dv; ++c) {
+                            dV[vi + c] += P * std::fabs(dO[oi + c]);
+                            dP += std::fabs(dO[oi + c] * V[vi + c]);
+                        }
+                        R dZ = P * (dP + Di);
+                        if (cfg.softcap > 0) {
+                            const R t = std::tanh(zr / (R)cfg.softcap);
+                            dZ *= 1 - t * t;
+                        }
+                        for (int c = 0; c < D; ++c) {
+                            dQ[qi + c] += std::fabs(scale) * dZ * std::fabs(K[ki + c]);
+                            dK[ki + c] += std::fabs(scale) * dZ * std::fabs(Q[qi + c]);
+                        }
+                        continue;
+                    }
+                    for (int c = 0; c < Dv; ++c) {
+                        dV[vi + c] += P * dO[oi + c];
+                        dP += dO[oi + c] * V[vi + c];
+                    }
+                    const R dS = P * (dP - Di);
+                    R dZ = dS;
+                    if (cfg.softcap > 0) {
+                        const R t = std::tanh(zr / (R)cfg.softcap);
+                        dZ = dS * (1 - t * t);
+                    }
+                    for (int c = 0; c < D; ++c) {
+                        dQ[qi + c] += scale * dZ * K[ki + c];
+                        dK[ki + c] += scale * dZ * Q[qi + c];
+                    }
+                }
+            }
+        }
+    }
+    BwdResult r;
+    r.dQ = Dense(Tq, H, D);
+    r.dK = Dense(Tk, Hkv, D);
+    r.dV = Dense(Tk, Hkv, Dv);
+    auto out = [&](Dense &d, const std::vector<R> &x) {
+        for (size_t i = 0; i < x.size(); ++i)
+            d.v[i] = round_out ? round_to_dtype((double)x[i], cfg.dtype) : (double)x[i];
+    };
+    out(r.dQ, dQ);
+    out(r.dK, dK);
+    out(r.dV, dV);
+    return r;
+}
+
+} // namespace
+
+FwdResult oracle_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                         const KeyFilter *keys)
+{
+    return fwd_impl<double>(cfg, Q, K, V, keys, false);
+}
+
+BwdResult oracle_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                          const Dense &O, const std::vector<double> &lse, const Dense &dO)
+{
+    return bwd_impl<double>(cfg, Q, K, V, O, lse, dO, false);
+}
+
+BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const Dense &K,
+                                    const Dense &V, const Dense &O, const std::vector<double> &lse,
+                                    const Dense &dO)
+{
+    return bwd_impl<double>(cfg, Q, K, V, O, lse, dO, false, true);
+}
+
+double grad_err(const Dense &got, const Dense &ref, const Dense &mag)
+{
+    double num = 0, den = 0, dm = 0;
+    for (size_t i = 0; i < ref.v.size(); ++i) {
+        const double d = got.v[i] - ref.v[i];
+        num += d * d;
+        den += ref.v[i] * ref.v[i];
+        dm += mag.v[i] * mag.v[i];
+    }
+    if (std::isnan(num)) return NAN;
+    den = std::max(std::sqrt(den), GRAD_MAG_FLOOR * std::sqrt(dm));
+    if (den == 0) return num == 0 ? 0.0 : INFINITY;
+    return std::sqrt(num) / den;
+}
+
+FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V)
+{
+    FwdResult r = fwd_impl<float>(cfg, Q, K, V, nullptr, true);
+    return r; // LSE already a float32 value held in double
+}
+
+BwdResult plain_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                         const Dense &O, const std::vector<double> &lse, const Dense &dO)
+{
+    return bwd_impl<float>(cfg, Q, K, V, O, lse, dO, true);
+}
+
+double max_rel_err(const Dense &got, const Dense &ref)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.v.size(); ++i) {
+        double d = std::fabs(got.v[i] - ref.v[i]);
+        if (!(d <= num)) num = d; // propagates NaN
+        den = std::max(den, std::fabs(ref.v[i]));
+    }
+    if (std::isnan(num)) return NAN;
+    if (den == 0) return num == 0 ? 0.0 : INFINITY;
+    return num / den;
+}
+
+double norm_rel_err(const Dense &got, const Dense &ref)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.v.size(); ++i) {
+        double d = got.v[i] - ref.v[i];
+        num += d * d;
+        den += ref.v[i] * ref.v[i];
+    }
+    if (std::isnan(num)) return NAN;
+    if (den == 0) return num == 0 ? 0.0 : INFINITY;
+    return std::sqrt(num / den);
+}
+
+double lse_rel_err(const std::vector<double> &got, const std::vector<double> &ref)
+{
+    double num = 0, den = 1;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (ref[i] == NEG_INF) continue;
+        double d = std::fabs(got[i] - ref[i]);
+        if (!(d <= num)) num = d;
+        den = std::max(den, std::fabs(ref[i]));
+    }
+    if (std::isnan(num)) return NAN;
+    return num / den;
+}
+
+} // namespace ratest

@@ -1,0 +1,92 @@
+// The float64 dense oracle of SPEC 2-4 and 7, and the "plain same-precision implementation" that
+// SPEC 9's half-precision tolerance rule compares against.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringattn.h"
+#include "support/tensor.hpp"
+
+namespace ratest {
+
+// Everything that defines the attention problem (mirrors ringattn_plan_desc_t; 0 = default where
+// the descriptor says so).
+struct AttnConfig {
+    int H = 1, Hkv = 0, D = 16, Dv = 0;
+    ringattn_dtype_t dtype = RINGATTN_FLOAT32;
+    std::vector<int32_t> cu_q;  // [num_seqs + 1]
+    std::vector<int32_t> cu_k;  // empty: same as cu_q
+    bool causal = false;
+    int wl = -1, wr = -1;
+    float scale = 0.0f;   // 0: 1/sqrt(D)
+    float softcap = 0.0f; // 0: off
+    std::vector<float> alibi; // empty: no ALiBi, else [H]
+    int block_q = 0, block_k = 0, num_threads = 0;
+    ringattn_layout_t layout = RINGATTN_LAYOUT_CONTIGUOUS; // only meaningful with a comm (SPEC 8)
+
+    int hkv() const { return Hkv ? Hkv : H; }
+    int dv() const { return Dv ? Dv : D; }
+    int num_seqs() const { return (int)cu_q.size() - 1; }
+    const std::vector<int32_t> &cuk() const { return cu_k.empty() ? cu_q : cu_k; }
+    int64_t Tq() const { return cu_q.empty() ? 0 : cu_q.back(); }
+    int64_t Tk() const { return cuk().empty() ? 0 : cuk().back(); }
+    double eff_scale() const;
+    int eff_wr() const { return causal ? 0 : wr; }
+    std::string describe() const;
+};
+
+// Optional restriction of the key set (merge tests): key_on[j] for global key index j.
+using KeyFilter = std::vector<char>;
+
+struct FwdResult {
+    Dense O;                 // [Tq, H, Dv]
+    std::vector<double> lse; // [H * Tq], -inf for rows with no allowed key
+};
+
+struct BwdResult {
+    Dense dQ, dK, dV;
+};
+
+// SPEC 2-4 in float64 on dense inputs (Q [Tq,H,D], K [Tk,Hkv,D], V [Tk,Hkv,Dv]).
+FwdResult oracle_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                         const KeyFilter *keys = nullptr);
+// SPEC 7 in float64, from the given O and LSE (normally the oracle's own).
+BwdResult oracle_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                          const Dense &O, const std::vector<double> &lse, const Dense &dO);
+
+// The same backward over magnitudes: every sum of SPEC 7 taken over the absolute values of its
+// terms (dS -> P * (|dO|.|v| + |dO|.|O|), dQ -> |scale| sum |dZ| |k|, ...). It is the size of what
+// float arithmetic adds up, i.e. the scale of the rounding error, whatever the cancellation.
+BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const Dense &K,
+                                    const Dense &V, const Dense &O, const std::vector<double> &lse,
+                                    const Dense &dO);
+
+// The plain same-precision implementation of SPEC 9: dense softmax over the stored (already
+// rounded) inputs with float32 arithmetic and accumulation; O, dQ, dK, dV rounded to cfg.dtype at
+// the end, LSE kept in float32. Its backward uses its own rounded O and float32 LSE.
+FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V);
+BwdResult plain_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
+                         const Dense &O, const std::vector<double> &lse, const Dense &dO);
+
+// Error measures of SPEC 9.
+// max|got - ref| / max|ref|; when ref is all zero: 0 if got is all zero, else +inf.
+double max_rel_err(const Dense &got, const Dense &ref);
+// ||got - ref||_2 / ||ref||_2; when ref is all zero: 0 if got is all zero, else +inf.
+double norm_rel_err(const Dense &got, const Dense &ref);
+// Gradients: ||got - ref||_2 / max(||ref||_2, GRAD_MAG_FLOOR * ||mag||_2), mag from
+// oracle_backward_magnitude. SPEC 9's normwise relative error, except when the exact gradient
+// cancels to (nearly) nothing: a row with a single allowed key has exact dQ = 0 and dK = 0
+// (the softmax is constant), so any float rounding of its terms is an infinite relative error.
+// The floor engages only when ||ref|| is below 1% of the size of its terms; float32 rounding of
+// those terms is ~1e-6 of ||mag||, far inside 1e-4 of 1%, while a real error (a missed or extra
+// key, a wrong scale) is of the order of ||mag|| and still fails by orders of magnitude.
+constexpr double GRAD_MAG_FLOOR = 1e-2;
+double grad_err(const Dense &got, const Dense &ref, const Dense &mag);
+
+// LSE: max over finite reference entries of |got - ref| / max(1, max|ref|). Entries where the
+// reference is -inf are not measured here (the tests require those to be exactly -inf).
+double lse_rel_err(const std::vector<double> &got, const std::vector<double> &ref);
+
+} // namespace ratest

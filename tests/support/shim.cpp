@@ -1,0 +1,367 @@
+#include "support/shim.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+namespace ratest {
+
+ringattn_plan_desc_t make_desc(const AttnConfig &cfg)
+{
+    ringattn_plan_desc_t d = RINGATTN_PLAN_DESC_INIT;
+    d.num_heads = cfg.H;
+    d.num_kv_heads = cfg.Hkv;
+    d.head_dim = cfg.D;
+    d.head_dim_v = cfg.Dv;
+    d.dtype = cfg.dtype;
+    d.layout = cfg.layout;
+    d.num_seqs = cfg.num_seqs();
+    d.cu_seqlens = cfg.cu_q.data();
+    d.cu_seqlens_k = cfg.cu_k.empty() ? nullptr : cfg.cu_k.data();
+    d.causal = cfg.causal ? 1 : 0;
+    d.window_left = cfg.wl;
+    d.window_right = cfg.wr;
+    d.softmax_scale = cfg.scale;
+    d.softcap = cfg.softcap;
+    d.alibi_slopes = cfg.alibi.empty() ? nullptr : cfg.alibi.data();
+    d.block_q = cfg.block_q;
+    d.block_k = cfg.block_k;
+    d.num_threads = cfg.num_threads;
+    return d;
+}
+
+ringattn_status_t Plan::create(const AttnConfig &cfg)
+{
+    reset();
+    ringattn_plan_desc_t d = make_desc(cfg);
+    st_ = ringattn_plan_create(nullptr, &d, &p_);
+    if (st_ != RINGATTN_SUCCESS) p_ = nullptr;
+    return st_;
+}
+
+void Plan::reset()
+{
+    if (p_) ringattn_plan_destroy(p_);
+    p_ = nullptr;
+    st_ = RINGATTN_ERR_INTERNAL;
+}
+
+Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk) : cfg(c)
+{
+    const ringattn_dtype_t dt = cfg.dtype;
+    const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv();
+    const int64_t Tq = cfg.Tq(), Tk = cfg.Tk();
+    switch (st) {
+    case Storage::Packed:
+    case Storage::PackedZero: {
+        const bool z = st == Storage::PackedZero;
+        q = make_packed(dt, Tq, H, D, z);
+        k = make_packed(dt, Tk, Hkv, D, z);
+        v = make_packed(dt, Tk, Hkv, Dv, z);
+        o = make_packed(dt, Tq, H, Dv, z);
+        dout = make_packed(dt, Tq, H, Dv, z);
+        dq = make_packed(dt, Tq, H, D, z);
+        dk = make_packed(dt, Tk, Hkv, D, z);
+        dv = make_packed(dt, Tk, Hkv, Dv, z);
+        break;
+    }
+    case Storage::Padded:
+        q = make_padded(dt, Tq, H, D, 3, 5);
+        k = make_padded(dt, Tk, Hkv, D, 1, 7);
+        v = make_padded(dt, Tk, Hkv, Dv, 2, 0);
+        o = make_padded(dt, Tq, H, Dv, 5, 3);
+        dout = make_padded(dt, Tq, H, Dv, 1, 1);
+        dq = make_padded(dt, Tq, H, D, 2, 9);
+        dk = make_padded(dt, Tk, Hkv, D, 4, 1);
+        dv = make_padded(dt, Tk, Hkv, Dv, 0, 6);
+        break;
+    case Storage::Interleaved:
+        REQUIRE(Tq == Tk);
+        make_interleaved(dt, Tq, H, D, Hkv, D, Hkv, Dv, 3, q, k, v);
+        make_interleaved(dt, Tq, H, D, Hkv, D, Hkv, Dv, 1, dq, dk, dv);
+        o = make_padded(dt, Tq, H, Dv, 0, 4);
+        dout = make_padded(dt, Tq, H, Dv, 2, 0);
+        break;
+    }
+    fill_normal(q, rng, sigma_qk);
+    fill_normal(k, rng, sigma_qk);
+    fill_normal(v, rng, 1.0);
+    fill_normal(dout, rng, 1.0);
+    lse.assign((size_t)std::max<int64_t>(1, H * Tq), NAN);
+}
+
+ringattn_tensors_t Problem::tensors()
+{
+    ringattn_tensors_t t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = sizeof t;
+    t.q = q.desc();
+    t.k = k.desc();
+    t.v = v.desc();
+    t.o = o.desc();
+    t.lse = lse.data();
+    t.dout = dout.desc();
+    t.dq = dq.desc();
+    t.dk = dk.desc();
+    t.dv = dv.desc();
+    return t;
+}
+
+void Problem::poison_forward_outputs()
+{
+    o.poison();
+    std::fill(lse.begin(), lse.end(), NAN);
+}
+
+void Problem::poison_backward_outputs()
+{
+    dq.poison();
+    dk.poison();
+    dv.poison();
+}
+
+ringattn_status_t run_forward(const Plan &plan, Problem &pb)
+{
+    ringattn_tensors_t t = pb.tensors();
+    return ringattn_forward(plan.get(), &t, nullptr);
+}
+
+ringattn_status_t run_backward(const Plan &plan, Problem &pb)
+{
+    ringattn_tensors_t t = pb.tensors();
+    return ringattn_backward(plan.get(), &t, nullptr);
+}
+
+std::vector<int32_t> cu_from_lengths(const std::vector<int> &lens)
+{
+    std::vector<int32_t> cu(1, 0);
+    for (int l : lens) cu.push_back(cu.back() + l);
+    return cu;
+}
+
+std::vector<float> alibi_slopes(int H)
+{
+    std::vector<float> s((size_t)H);
+    for (int h = 0; h < H; ++h) s[(size_t)h] = (float)std::pow(2.0, -8.0 * (h + 1) / H);
+    return s;
+}
+
+namespace {
+
+// Group views by buffer and check the bytes outside them are unchanged.
+struct BufferSnap {
+    std::vector<unsigned char> bytes;
+    std::vector<const TView *> views;
+};
+using Snaps = std::map<const Buffer *, BufferSnap>;
+
+Snaps take(const std::vector<const TView *> &views)
+{
+    Snaps s;
+    for (const TView *v : views) {
+        BufferSnap &b = s[v->buf.get()];
+        if (b.views.empty()) b.bytes = v->buf->bytes;
+        b.views.push_back(v);
+    }
+    return s;
+}
+
+bool padding_ok(const Snaps &s)
+{
+    for (auto &kv : s)
+        if (!padding_unchanged(kv.second.bytes, kv.second.views)) return false;
+    return true;
+}
+
+bool whole_buffers_unchanged(const Snaps &s)
+{
+    for (auto &kv : s)
+        if (kv.second.bytes != kv.first->bytes) return false;
+    return true;
+}
+
+// Rows with no allowed key (reference LSE -inf): LSE exactly -inf and O exactly 0; every other
+// row has a finite LSE. Returns the number of violating rows.
+int64_t empty_row_violations(const AttnConfig &cfg, const std::vector<double> &ref_lse,
+                             const std::vector<float> &lse, const TView &o)
+{
+    int64_t bad = 0;
+    const int64_t Tq = cfg.Tq();
+    for (int h = 0; h < cfg.H; ++h)
+        for (int64_t t = 0; t < Tq; ++t) {
+            const double r = ref_lse[(size_t)(h * Tq + t)];
+            const float g = lse[(size_t)(h * Tq + t)];
+            if (std::isinf(r) && r < 0) {
+                bool row_ok = std::isinf(g) && g < 0;
+                for (int c = 0; c < cfg.dv(); ++c) row_ok = row_ok && o.get(t, h, c) == 0.0;
+                bad += !row_ok;
+            } else if (!std::isfinite(g)) {
+                ++bad;
+            }
+        }
+    return bad;
+}
+
+int64_t nonzero_dq_rows(const AttnConfig &cfg, const std::vector<double> &ref_lse, const TView &dq)
+{
+    int64_t bad = 0;
+    const int64_t Tq = cfg.Tq();
+    for (int h = 0; h < cfg.H; ++h)
+        for (int64_t t = 0; t < Tq; ++t) {
+            if (!std::isinf(ref_lse[(size_t)(h * Tq + t)])) continue;
+            for (int c = 0; c < cfg.D; ++c)
+                if (dq.get(t, h, c) != 0.0) {
+                    ++bad;
+                    break;
+                }
+        }
+    return bad;
+}
+
+std::vector<unsigned char> view_bits(const TView &v)
+{
+    std::vector<unsigned char> out;
+    for (int64_t t = 0; t < v.T; ++t)
+        for (int h = 0; h < v.heads; ++h)
+            for (int c = 0; c < v.dim; ++c) {
+                uint64_t b = v.bits(t, h, c);
+                const unsigned char *p = reinterpret_cast<const unsigned char *>(&b);
+                out.insert(out.end(), p, p + 8);
+            }
+    return out;
+}
+
+} // namespace
+
+#define CK(expr)                                                                                   \
+    do {                                                                                           \
+        if (!(expr)) ok = false;                                                                   \
+        CHECK(expr);                                                                               \
+    } while (0)
+
+bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt)
+{
+    const AttnConfig &cfg = pb.cfg;
+    INFO("config: " << cfg.describe());
+    bool ok = true;
+    REQUIRE(plan.ok());
+    // RATEST_REPORT=1 prints every measured error next to its limit (margins, tuning).
+    static const bool report = std::getenv("RATEST_REPORT") != nullptr;
+    auto within = [&](const char *what, double err, double limit) {
+        if (report)
+            std::printf("ratest %-3s err %-11.4g limit %-11.4g ratio %.3f | %s\n", what, err, limit,
+                        err / limit, cfg.describe().c_str());
+        INFO(what << " error " << err << " limit " << limit);
+        if (!(err <= limit)) ok = false;
+        CHECK(err <= limit);
+    };
+
+    const Snaps in_snap = take({&pb.q, &pb.k, &pb.v, &pb.dout});
+    pb.poison_forward_outputs();
+    const Snaps o_snap = take({&pb.o});
+    ringattn_status_t st = run_forward(plan, pb);
+    INFO("forward status " << ringattn_status_string(st) << ": " << ringattn_last_error());
+    CK(st == RINGATTN_SUCCESS);
+    if (st != RINGATTN_SUCCESS) return false;
+    CK(padding_ok(o_snap));
+    CK(whole_buffers_unchanged(in_snap));
+
+    const Dense Q = pb.q.to_dense(), K = pb.k.to_dense(), V = pb.v.to_dense(),
+                dO = pb.dout.to_dense();
+    const FwdResult ref = oracle_forward(cfg, Q, K, V);
+    const Dense O = pb.o.to_dense();
+    const std::vector<double> lse = pb.lse_d();
+    const std::vector<double> lse_cmp(lse.begin(), lse.begin() + (ptrdiff_t)ref.lse.size());
+
+    const bool o_nonfinite = pb.o.any_nonfinite();
+    CK(!o_nonfinite);
+    const int64_t bad_rows = empty_row_violations(cfg, ref.lse, pb.lse, pb.o);
+    CK(bad_rows == 0);
+
+    const bool f32 = cfg.dtype == RINGATTN_FLOAT32;
+    FwdResult plain;
+    const double err_o = max_rel_err(O, ref.O), err_lse = lse_rel_err(lse_cmp, ref.lse);
+    if (f32) {
+        within("O", err_o, TOL_O_F32);
+        within("LSE", err_lse, TOL_LSE_F32);
+    } else {
+        plain = plain_forward(cfg, Q, K, V);
+        const double plain_o = max_rel_err(plain.O, ref.O);
+        const double plain_lse = lse_rel_err(plain.lse, ref.lse);
+        within("O", err_o, 2 * plain_o + HALF_FLOOR);
+        within("LSE", err_lse, 2 * plain_lse + HALF_FLOOR);
+    }
+
+    std::vector<unsigned char> o_bits, lse_bits;
+    if (opt.check_determinism) {
+        o_bits = view_bits(pb.o);
+        lse_bits.assign(reinterpret_cast<const unsigned char *>(pb.lse.data()),
+                        reinterpret_cast<const unsigned char *>(pb.lse.data() + pb.lse.size()));
+        pb.poison_forward_outputs();
+        CK(run_forward(plan, pb) == RINGATTN_SUCCESS);
+        CK(view_bits(pb.o) == o_bits);
+        CK(std::memcmp(lse_bits.data(), pb.lse.data(), lse_bits.size()) == 0);
+    }
+    if (!opt.backward) return ok;
+
+    const Snaps in2 = take({&pb.q, &pb.k, &pb.v, &pb.dout, &pb.o});
+    const std::vector<float> lse_before = pb.lse;
+    pb.poison_backward_outputs();
+    const Snaps g_snap = take({&pb.dq, &pb.dk, &pb.dv});
+    st = run_backward(plan, pb);
+    INFO("backward status " << ringattn_status_string(st) << ": " << ringattn_last_error());
+    CK(st == RINGATTN_SUCCESS);
+    if (st != RINGATTN_SUCCESS) return false;
+    CK(padding_ok(g_snap));
+    CK(whole_buffers_unchanged(in2));
+    CK(std::memcmp(lse_before.data(), pb.lse.data(), lse_before.size() * sizeof(float)) == 0);
+
+    const bool dq_nf = pb.dq.any_nonfinite(), dk_nf = pb.dk.any_nonfinite(),
+               dv_nf = pb.dv.any_nonfinite();
+    CK(!dq_nf);
+    CK(!dk_nf);
+    CK(!dv_nf);
+    const int64_t nonzero_empty_dq = nonzero_dq_rows(cfg, ref.lse, pb.dq);
+    CK(nonzero_empty_dq == 0);
+
+    const bool from_lib = opt.grads_from_library_forward;
+    const Dense &O_in = from_lib ? O : ref.O;
+    const std::vector<double> &lse_in = from_lib ? lse_cmp : ref.lse;
+    const BwdResult gref = oracle_backward(cfg, Q, K, V, O_in, lse_in, dO);
+    const BwdResult gmag = oracle_backward_magnitude(cfg, Q, K, V, O_in, lse_in, dO);
+    const double err_dq = grad_err(pb.dq.to_dense(), gref.dQ, gmag.dQ);
+    const double err_dk = grad_err(pb.dk.to_dense(), gref.dK, gmag.dK);
+    const double err_dv = grad_err(pb.dv.to_dense(), gref.dV, gmag.dV);
+    INFO("normwise relative errors without the cancellation floor: dq "
+         << norm_rel_err(pb.dq.to_dense(), gref.dQ) << " dk " << norm_rel_err(pb.dk.to_dense(), gref.dK)
+         << " dv " << norm_rel_err(pb.dv.to_dense(), gref.dV));
+    if (f32) {
+        within("dQ", err_dq, TOL_GRAD_F32);
+        within("dK", err_dk, TOL_GRAD_F32);
+        within("dV", err_dv, TOL_GRAD_F32);
+    } else {
+        const BwdResult gp = from_lib ? plain_backward(cfg, Q, K, V, O, lse_cmp, dO)
+                                      : plain_backward(cfg, Q, K, V, plain.O, plain.lse, dO);
+        const double p_dq = grad_err(gp.dQ, gref.dQ, gmag.dQ), p_dk = grad_err(gp.dK, gref.dK, gmag.dK),
+                     p_dv = grad_err(gp.dV, gref.dV, gmag.dV);
+        within("dQ", err_dq, 2 * p_dq + HALF_GRAD_FLOOR);
+        within("dK", err_dk, 2 * p_dk + HALF_GRAD_FLOOR);
+        within("dV", err_dv, 2 * p_dv + HALF_GRAD_FLOOR);
+    }
+
+    if (opt.check_determinism) {
+        const auto a = view_bits(pb.dq), b = view_bits(pb.dk), c = view_bits(pb.dv);
+        pb.poison_backward_outputs();
+        CK(run_backward(plan, pb) == RINGATTN_SUCCESS);
+        CK(view_bits(pb.dq) == a);
+        CK(view_bits(pb.dk) == b);
+        CK(view_bits(pb.dv) == c);
+    }
+    return ok;
+}
+
+} // namespace ratest

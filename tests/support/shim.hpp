@@ -1,0 +1,92 @@
+// A thin C++ shim over the ringattn C API for the tests: RAII plan, a problem holding its host
+// tensors, forward/backward runners that return the status, and the SPEC 9 comparison against the
+// float64 oracle (Catch2 assertions).
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringattn.h"
+#include "support/oracle.hpp"
+#include "support/tensor.hpp"
+
+namespace ratest {
+
+ringattn_plan_desc_t make_desc(const AttnConfig &cfg); // points into cfg's vectors
+
+class Plan {
+  public:
+    Plan() = default;
+    explicit Plan(const AttnConfig &cfg) { create(cfg); }
+    ~Plan() { reset(); }
+    Plan(const Plan &) = delete;
+    Plan &operator=(const Plan &) = delete;
+    ringattn_status_t create(const AttnConfig &cfg);
+    void reset();
+    ringattn_plan_t get() const { return p_; }
+    ringattn_status_t status() const { return st_; }
+    bool ok() const { return p_ != nullptr && st_ == RINGATTN_SUCCESS; }
+
+  private:
+    ringattn_plan_t p_ = nullptr;
+    ringattn_status_t st_ = RINGATTN_ERR_INTERNAL;
+};
+
+// How the problem's tensors are laid out in memory.
+enum class Storage {
+    Packed,      // explicit packed strides
+    PackedZero,  // strides passed as 0 (the library's "packed")
+    Padded,      // head and row padding (NaN-filled, must never be read or written)
+    Interleaved, // Q|K|V in one buffer per token and dQ|dK|dV in another (needs Tq == Tk)
+};
+
+struct Problem {
+    AttnConfig cfg;
+    TView q, k, v, o, dout, dq, dk, dv;
+    std::vector<float> lse; // [H, Tq]
+
+    Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk = 1.0);
+    ringattn_tensors_t tensors();
+    void poison_forward_outputs();  // O and LSE := NaN
+    void poison_backward_outputs(); // dQ, dK, dV := NaN
+    std::vector<double> lse_d() const { return std::vector<double>(lse.begin(), lse.end()); }
+};
+
+ringattn_status_t run_forward(const Plan &plan, Problem &pb);
+ringattn_status_t run_backward(const Plan &plan, Problem &pb);
+
+// Tolerances of SPEC 9 for float32 storage.
+constexpr double TOL_O_F32 = 1e-5, TOL_LSE_F32 = 1e-5, TOL_GRAD_F32 = 1e-4;
+// Half dtypes: library error <= 2 * plain error + HALF_FLOOR. The floor (in the same relative
+// units as the errors) only matters when the plain implementation happens to be (almost) exact,
+// e.g. outputs that are exactly representable or an LSE computed identically in float32; 1e-6 is
+// far below half precision (2^-11 = 4.9e-4 and 2^-8 = 3.9e-3) so it cannot hide a real error.
+constexpr double HALF_FLOOR = 1e-6;
+// Gradients (measured with grad_err): where the exact gradient cancels to 0 (single-key rows),
+// the plain implementation can be exactly right by construction (it sums dP_ij and D_i = dO.O in
+// the same order, so v == O cancels exactly) while any other float32 order leaves ~1 ulp of the
+// terms. 1e-5 in grad_err's units is ~1e-7 of the terms' magnitude (one float32 ulp), and ~3% of
+// a float16 rounding error (2^-11 ~ 4.9e-4) in the ordinary case.
+constexpr double HALF_GRAD_FLOOR = 1e-5;
+
+struct CheckOptions {
+    bool backward = true;
+    bool check_determinism = false; // rerun and require bitwise identical outputs
+    // Reference gradients from SPEC 7 applied to the library's own forward outputs (its float32
+    // LSE and stored O) instead of the exact ones. For logits so large that the float32 LSE
+    // itself is coarse (|LSE| ~ 6.5e4 has an ulp of 2^-7, so exp(s - LSE) carries up to 0.4%
+    // from the stored LSE alone), this checks the backward on the inputs it is given.
+    bool grads_from_library_forward = false;
+};
+
+// Poison outputs, run forward (and backward) through the library, compare with the float64
+// oracle under SPEC 9, check -inf / zero rows, no NaN/inf, untouched inputs and padding.
+// Returns false if any assertion failed (the assertions themselves are Catch2 CHECKs).
+bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt = CheckOptions());
+
+// Random AttnConfig helpers.
+std::vector<int32_t> cu_from_lengths(const std::vector<int> &lens);
+std::vector<float> alibi_slopes(int H); // the usual 2^(-8 h / H) geometric slopes
+
+} // namespace ratest
