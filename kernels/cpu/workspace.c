@@ -102,7 +102,7 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
 ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads)
 {
     if (p->ws && p->ws->threads >= threads) return RINGATTN_SUCCESS;
-    struct ra_workspace *ws;
+    struct ra_workspace *ws = NULL;
     RA_TRY(workspace_make(p, threads, &ws));
     ra__cpu_workspace_free(p->ws);
     p->ws = ws;
