@@ -82,33 +82,25 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
 {
     const int D = p->head_dim, Dv = p->head_dim_v, G = p->num_heads / p->num_kv_heads;
     const int nk = (int)ks->count;
-    const int64_t delta = p->delta[ks->seq];
-    int64_t ldk, ldv;
+    int64_t ldk, ldv, qrow;
     const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
     const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
     memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
     memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
 
     for (int h = g * G; h < (g + 1) * G; ++h) {
-        for (int32_t i = io->qsh->seq_first[ks->seq]; i < io->qsh->seq_first[ks->seq + 1]; ++i) {
-            const ra_segment *qseg = &io->qsh->segs[i];
-            int64_t qb, qe;
-            ra__query_hull(p->window, delta, ks, &qseg->span, &qb, &qe);
-            for (int64_t q0 = qb / bq * bq; q0 < qe; q0 += bq) {
-                const int64_t left = qseg->span.count - q0;
-                const ra_span qs = {ks->seq, qseg->span.pos + q0 * qseg->span.stride,
-                                    qseg->span.stride, left < bq ? left : bq};
-                const ra_block_kind kind =
-                    ra__classify_block(p->window, delta, &qs, ks, w->row_begin, w->row_end);
-                if (kind == RA_BLOCK_EMPTY) continue;
-                const int nq = (int)qs.count;
-                const q_side qd = load_q_side(p, io, w, h, qseg->row + q0, nq);
-                tile_grads(p, w, h, &qs, ks, kind, &qd, k, ldk, v, ldv);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
-                            qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp,
-                            nk, qd.q, (int)qd.ldq, 1.0f, w->dk, D);
-            }
+        ra_tile_walk walk;
+        ra_span qs;
+        ra_block_kind kind;
+        ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
+        while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
+            const int nq = (int)qs.count;
+            const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+            tile_grads(p, w, h, &qs, ks, kind, &qd, k, ldk, v, ldv);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
+                        qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp, nk,
+                        qd.q, (int)qd.ldq, 1.0f, w->dk, D);
         }
     }
     ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
@@ -121,29 +113,21 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     const int nq = (int)qs->count;
-    const int64_t delta = p->delta[qs->seq];
-    int64_t ldk, ldv;
+    int64_t ldk, ldv, krow;
     const q_side qd = load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
 
-    for (int32_t i = io->ksh->seq_first[qs->seq]; i < io->ksh->seq_first[qs->seq + 1]; ++i) {
-        const ra_segment *kseg = &io->ksh->segs[i];
-        int64_t kb, ke;
-        ra__key_hull(p->window, delta, qs, &kseg->span, &kb, &ke);
-        for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
-            const int64_t left = kseg->span.count - k0;
-            const ra_span ks = {qs->seq, kseg->span.pos + k0 * kseg->span.stride,
-                                kseg->span.stride, left < bk ? left : bk};
-            const ra_block_kind kind =
-                ra__classify_block(p->window, delta, qs, &ks, w->row_begin, w->row_end);
-            if (kind == RA_BLOCK_EMPTY) continue;
-            const int nk = (int)ks.count;
-            const float *k = ra__tile_load(io->k, p->dtype, kseg->row + k0, nk, g, D, w->k, &ldk);
-            const float *v = ra__tile_load(io->v, p->dtype, kseg->row + k0, nk, g, Dv, w->v, &ldv);
-            tile_grads(p, w, h, qs, &ks, kind, &qd, k, ldk, v, ldv);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk,
-                        k, (int)ldk, 1.0f, w->acc, D);
-        }
+    ra_tile_walk walk;
+    ra_span ks;
+    ra_block_kind kind;
+    ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
+    while (ra__walk_next(&walk, &ks, &krow, &kind)) {
+        const int nk = (int)ks.count;
+        const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
+        const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
+        tile_grads(p, w, h, qs, &ks, kind, &qd, k, ldk, v, ldv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
+                    (int)ldk, 1.0f, w->acc, D);
     }
     ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
 }

@@ -53,6 +53,29 @@ ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_i
 ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io);
 
 /*
+ * A walk over the tiles of shard `other` (blocks of `block` rows of each of its segments of the
+ * same sequence) that meet tile `mine`, which is a query tile (mine_is_query) or a key tile.
+ * Only tiles inside the mask hull are visited and EMPTY ones are skipped; for each tile the
+ * allowed interval of every query row is left in row_begin/row_end (masks/mask.h).
+ */
+typedef struct ra_tile_walk {
+    const struct ringattn_plan *p;
+    const ra_span *mine;
+    int mine_is_query;
+    const ra_shard *other;
+    int block;
+    int32_t seg_first, seg, seg_end; /* segments of the sequence; the one being walked */
+    int64_t next, end;               /* next tile start in the segment; end of its hull */
+    int32_t *row_begin, *row_end;
+} ra_tile_walk;
+
+void ra__walk_begin(ra_tile_walk *w, const struct ringattn_plan *p, const ra_span *mine,
+                    int mine_is_query, const ra_shard *other, int block, int32_t *row_begin,
+                    int32_t *row_end);
+/* The next tile that meets: its positions, first local row and kind; 0 when none is left. */
+int ra__walk_next(ra_tile_walk *w, ra_span *tile, int64_t *row, ra_block_kind *kind);
+
+/*
  * Rows [row0, row0 + n) of head h as float32: a pointer into the caller's tensor for float32
  * storage (*ld = its row stride), else converted into buf (*ld = dim).
  */

@@ -85,30 +85,22 @@ static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     const int nq = (int)qs->count;
-    const int64_t delta = p->delta[qs->seq];
-    int64_t ldq, ldk, ldv;
+    int64_t ldq, ldk, ldv, krow;
     const float *q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
     state_begin(p, io, w, h, qrow, nq);
-    for (int32_t i = io->ksh->seq_first[qs->seq]; i < io->ksh->seq_first[qs->seq + 1]; ++i) {
-        const ra_segment *kseg = &io->ksh->segs[i];
-        int64_t kb, ke;
-        ra__key_hull(p->window, delta, qs, &kseg->span, &kb, &ke);
-        for (int64_t k0 = kb / bk * bk; k0 < ke; k0 += bk) {
-            const int64_t left = kseg->span.count - k0;
-            const ra_span ks = {qs->seq, kseg->span.pos + k0 * kseg->span.stride,
-                                kseg->span.stride, left < bk ? left : bk};
-            const ra_block_kind kind =
-                ra__classify_block(p->window, delta, qs, &ks, w->row_begin, w->row_end);
-            if (kind == RA_BLOCK_EMPTY) continue;
-            const int nk = (int)ks.count;
-            const float *k = ra__tile_load(io->k, p->dtype, kseg->row + k0, nk, g, D, w->k, &ldk);
-            const float *v = ra__tile_load(io->v, p->dtype, kseg->row + k0, nk, g, Dv, w->v, &ldv);
-            ra__tile_logits(p, h, qs, &ks, delta, kind, w->row_begin, w->row_end, q, ldq, k, ldk,
-                            w->s, NULL);
-            softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
-                        (int)ldv, 1.0f, w->acc, Dv);
-        }
+    ra_tile_walk walk;
+    ra_span ks;
+    ra_block_kind kind;
+    ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
+    while (ra__walk_next(&walk, &ks, &krow, &kind)) {
+        const int nk = (int)ks.count;
+        const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
+        const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
+        ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, q, ldq,
+                        k, ldk, w->s, NULL);
+        softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
+                    (int)ldv, 1.0f, w->acc, Dv);
     }
     state_end(p, io, w, h, qrow, nq);
 }
