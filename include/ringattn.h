@@ -86,7 +86,11 @@ typedef struct ringattn_plan_desc {
     float softmax_scale;         /* 0: 1/sqrt(head_dim) */
     float softcap;               /* 0: off */
     const float *alibi_slopes;   /* [num_heads] or NULL; copied */
-    int key_bias_heads, keep_k;  /* dynamic mask (SPEC 6): not yet supported, must be 0 */
+    /* Dynamic mask attention (SPEC 6): a float32 bias per key, [key_bias_heads, T_k], added to
+       the logits (not scaled); query head h reads bias head h / (H / key_bias_heads). 0 = no
+       bias; else 1, num_kv_heads or num_heads. keep_k > 0 (needs a bias): each query keeps only
+       the keep_k valid keys of largest bias over its whole sequence (ties: lower position). */
+    int key_bias_heads, keep_k;
     int block_q, block_k;        /* tile sizes in tokens, 0..1024, 0 = default (tuning, tests) */
     int num_threads;             /* CPU threads, 0 = OpenMP's default */
 } ringattn_plan_desc_t;
@@ -115,6 +119,8 @@ typedef struct ringattn_tensors {
     float *lse;                 /* [H, T_q] float32: forward output, backward input */
     ringattn_tensor_t dout;     /* backward input dO: [T_q, H, D_v] */
     ringattn_tensor_t dq, dk, dv; /* backward outputs, overwritten */
+    const float *key_bias;      /* [key_bias_heads, T_k] float32, packed; NULL without a bias */
+    float *dbias;               /* backward output [key_bias_heads, T_k], or NULL: not wanted */
 } ringattn_tensors_t;
 
 #define RINGATTN_TENSOR_NONE {NULL, 0, 0}
@@ -122,7 +128,7 @@ typedef struct ringattn_tensors {
     {                                                                                        \
         sizeof(ringattn_tensors_t), RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE,              \
             RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, RINGATTN_TENSOR_NONE,          \
-            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE                 \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL     \
     }
 
 /*

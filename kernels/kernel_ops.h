@@ -20,6 +20,15 @@ typedef struct ra_progress {
  * (m, l [H, q rows], acc [q rows, H, D_v]) when the call is one ring step of several; with
  * m == NULL the state lives in the tile (first and last step at once).
  */
+/* SPEC 6 inputs of a call: the key shard's bias and the local queries' top-k thresholds. */
+typedef struct ra_dyn_io {
+    const float *bias;   /* [H_b, ld] of the key shard, or NULL: no dynamic mask */
+    int64_t ld;          /* row length of bias and dbias: the key shard's rows */
+    const float *thr_b;  /* [H_b, q rows] (masks/topk.h), or NULL: no selection */
+    const int64_t *thr_p;
+    float *dbias;        /* backward: [H_b, ld], overwritten (added to with accumulate) or NULL */
+} ra_dyn_io;
+
 typedef struct ra_fwd_io {
     const ra_view *q, *k, *v;
     const ra_shard *qsh, *ksh;
@@ -28,6 +37,7 @@ typedef struct ra_fwd_io {
     float *m, *l, *acc;
     int first, last;
     ra_progress progress;
+    ra_dyn_io dyn;
 } ra_fwd_io;
 
 /*
@@ -41,6 +51,7 @@ typedef struct ra_bwd_io {
     const ra_view *dq, *dk, *dv;
     int accumulate;
     ra_progress progress;
+    ra_dyn_io dyn;
 } ra_bwd_io;
 
 

@@ -34,6 +34,12 @@ static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p
     RA_TRY(ra__view_make(fn, "v", t->v, p->dtype, p->total_k, Hk, Dv, 0, &a->v));
     RA_TRY(ra__view_make(fn, "o", t->o, p->dtype, p->total_q, H, Dv, o_is_output, &a->o));
     a->lse = t->lse;
+    RA_CHECK(p->bias_heads == 0 || t->key_bias != NULL || p->total_k == 0,
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn,
+             p->bias_heads);
+    a->key_bias = p->bias_heads ? t->key_bias : NULL;
+    a->dbias = p->bias_heads ? t->dbias : NULL;
     return RINGATTN_SUCCESS;
 }
 

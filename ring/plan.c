@@ -11,6 +11,7 @@
 #include "ring/registry.h"
 #include "ring/ring.h"
 #include "ring/schedule.h"
+#include "ring/select.h"
 
 #define FN "ringattn_plan_create"
 
@@ -77,10 +78,16 @@ static ringattn_status_t check_masks(const ringattn_plan_desc_t *d)
             RA_CHECK(isfinite(d->alibi_slopes[h]), RINGATTN_ERR_INVALID_ARGUMENT,
                      FN ": alibi_slopes[%d]: got %g, expected finite", h,
                      (double)d->alibi_slopes[h]);
-    RA_CHECK(d->key_bias_heads == 0 && d->keep_k == 0, RINGATTN_ERR_UNSUPPORTED,
-             FN ": key_bias_heads/keep_k: got %d/%d, expected 0/0 (dynamic masks are not "
-                "implemented yet)",
-             d->key_bias_heads, d->keep_k);
+    const int hb = d->key_bias_heads, hkv = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
+    RA_CHECK(hb == 0 || hb == 1 || hb == hkv || hb == d->num_heads, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": key_bias_heads: got %d, expected 0 (no bias), 1, num_kv_heads = %d or "
+                "num_heads = %d",
+             hb, hkv, d->num_heads);
+    RA_CHECK(d->keep_k >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": keep_k: got %d, expected >= 0 (0 = no selection)", d->keep_k);
+    RA_CHECK(d->keep_k == 0 || hb > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": keep_k: got %d with key_bias_heads = 0, expected a key bias to select by",
+             d->keep_k);
     return RINGATTN_SUCCESS;
 }
 
@@ -106,6 +113,7 @@ static void plan_free(struct ringattn_plan *p)
 {
     if (p->ws && p->kops && p->kops->workspace_free) p->kops->workspace_free(p->ws);
     ra__ring_free(p->ring);
+    ra__select_free(p->select);
     for (int r = 0; p->shards && r < p->ranks; ++r) ra__shard_free(&p->shards[r]);
     free(p->shards);
     free(p->step_compute);
@@ -176,6 +184,8 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     p->window.right = d->causal ? 0 : d->window_right;
     p->scale = d->softmax_scale > 0.0f ? d->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
     p->softcap = d->softcap;
+    p->bias_heads = d->key_bias_heads;
+    p->keep_k = d->keep_k;
     p->block_q = d->block_q;
     p->block_k = d->block_k;
     p->num_threads = d->num_threads;

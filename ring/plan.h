@@ -23,6 +23,7 @@ struct ringattn_plan {
     ra_window window;         /* SPEC 3, causal folded in */
     float scale, softcap;
     float *alibi;             /* owned [num_heads] or NULL */
+    int bias_heads, keep_k;   /* SPEC 6 dynamic mask: H_b (0 = no bias), top-k (0 = none) */
     int block_q, block_k, num_threads;
     /* The ring: a single-rank plan has comm == NULL, ranks == 1, shards == NULL. */
     ringattn_comm_t comm;
@@ -33,6 +34,7 @@ struct ringattn_plan {
     unsigned char *step_compute; /* [ranks] does this rank compute at step t (EMPTY skipped) */
     int *last_hop;               /* [ranks] shard s travels s -> s+1 -> ... -> s+last_hop[s] */
     struct ra_ring *ring;        /* exchange buffers and running state, made on first use */
+    struct ra_select *select;    /* SPEC 6 top-k thresholds and scratch, made on first use */
     const struct ra_kernel_ops *kops;
     struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */
 };

@@ -15,11 +15,13 @@
 #include "ring/error.h"
 #include "ring/ring.h"
 #include "ring/schedule.h"
+#include "ring/select.h"
 
 struct ra_ring {
     void *kv[2];     /* packed K then V of one shard, plan dtype */
     float *grad[2];  /* packed dK then dV sums of the shard at hand, float32 (backward) */
     float *own;      /* the finished sums of this rank's own shard */
+    float *bias;     /* every key's bias [H_b, T] (global top-k selection only) */
     float *m, *l;    /* forward state [H, rows] */
     float *acc;      /* forward state [rows, H, D_v]; backward dQ sums [rows, H, D] */
 };
@@ -32,6 +34,7 @@ void ra__ring_free(struct ra_ring *ring)
         free(ring->grad[i]);
     }
     free(ring->own);
+    free(ring->bias);
     free(ring->m);
     free(ring->l);
     free(ring->acc);
@@ -52,6 +55,8 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
     int ok = g != NULL;
     for (int i = 0; ok && i < 2; ++i)
         ok = (g->kv[i] = malloc(kv)) && (g->grad[i] = malloc(grad));
+    const size_t bias = p->keep_k ? (size_t)p->bias_heads * (size_t)p->cu_q[p->num_seqs] : 0;
+    ok = ok && (g->bias = malloc(bias * sizeof(float) + 1));
     ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
          && (g->acc = malloc(rows * H * dmax * sizeof(float)));
     if (!ok) {
@@ -62,14 +67,19 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
     return RINGATTN_SUCCESS;
 }
 
-/* Packed views of a shard of `rows` rows in buf: first [rows, H_kv, D], then [rows, H_kv, D_v]. */
+/*
+ * Packed views of a shard of `rows` rows in buf: [rows, H_kv, D], then [rows, H_kv, D_v] in
+ * `elem`-byte elements, then (4-byte aligned) the float32 bias [H_b, rows] (schedule.c sizes it).
+ */
 static void packed_views(const struct ringattn_plan *p, void *buf, int64_t rows, size_t elem,
-                         ra_view *k, ra_view *v)
+                         ra_view *k, ra_view *v, float **bias)
 {
     const int64_t hk = p->num_kv_heads;
+    const size_t kv = (size_t)(rows * hk * (p->head_dim + p->head_dim_v)) * elem;
     *k = (ra_view){buf, hk * p->head_dim, p->head_dim, elem};
     *v = (ra_view){(char *)buf + (size_t)(rows * hk * p->head_dim) * elem, hk * p->head_dim_v,
                    p->head_dim_v, elem};
+    *bias = (float *)(void *)((char *)buf + ((kv + 3) & ~(size_t)3));
 }
 
 /* Copies rows x heads x dim elements between views; float32 src to dst_dt converts. */
@@ -89,6 +99,51 @@ static void copy_rows(const ra_view *src, const ra_view *dst, ringattn_dtype_t d
             for (int c = 0; c < dim; ++c)
                 o[c] = dst_dt == RINGATTN_FLOAT16 ? ra__f32_to_f16(f[c]) : ra__f32_to_bf16(f[c]);
         }
+}
+
+/* This rank's K, V and bias into the first exchange buffer. */
+static void pack_own(struct ringattn_plan *p, const ra_args *a)
+{
+    const int64_t rows = p->q_shard.rows;
+    ra_view pk, pv;
+    float *bias;
+    packed_views(p, p->ring->kv[0], rows, ra__dtype_size(p->dtype), &pk, &pv, &bias);
+    copy_rows(&a->k, &pk, p->dtype, rows, p->num_kv_heads, p->head_dim);
+    copy_rows(&a->v, &pv, p->dtype, rows, p->num_kv_heads, p->head_dim_v);
+    if (p->bias_heads) memcpy(bias, a->key_bias, (size_t)rows * p->bias_heads * sizeof(float));
+}
+
+/*
+ * SPEC 6 selection is global: every rank needs the bias of every key. The shards' biases go
+ * once around the ring (P - 1 passes) into ring->bias, [H_b, T] in global token order.
+ */
+static ringattn_status_t gather_bias(struct ringattn_plan *p, const ra_args *a)
+{
+    struct ra_ring *g = p->ring;
+    const int P = p->ranks, Hb = p->bias_heads;
+    const int64_t total = p->cu_q[p->num_seqs];
+    void *buf[2] = {g->grad[0], g->grad[1]};
+    memcpy(buf[0], a->key_bias, (size_t)p->q_shard.rows * Hb * sizeof(float));
+    for (int t = 0, cur = 0; t < P; ++t, cur ^= 1) {
+        const int held = ra__held_shard(p, p->rank, t), prev = (p->rank - 1 + P) % P;
+        const ra_shard *sh = &p->shards[held];
+        ra_request req;
+        if (t + 1 < P)
+            RA_TRY(p->comm->ops->sendrecv_start(
+                p->comm, buf[cur], (size_t)sh->rows * Hb * sizeof(float), (p->rank + 1) % P,
+                buf[!cur], (size_t)p->shards[ra__held_shard(p, prev, t)].rows * Hb * sizeof(float),
+                prev, 1000 + t, &req));
+        const float *src = buf[cur];
+        for (int i = 0; i < sh->num_segs; ++i) {
+            const ra_segment *seg = &sh->segs[i];
+            for (int hb = 0; hb < Hb; ++hb)
+                for (int64_t j = 0; j < seg->span.count; ++j)
+                    g->bias[hb * total + p->cu_q[seg->span.seq] + seg->span.pos +
+                            j * seg->span.stride] = src[hb * sh->rows + seg->row + j];
+        }
+        if (t + 1 < P) RA_TRY(p->comm->ops->wait(p->comm, &req));
+    }
+    return RINGATTN_SUCCESS;
 }
 
 typedef struct progress_ctx {
@@ -126,20 +181,39 @@ static ringattn_status_t pass_on(struct ringattn_plan *p, void *const buf[2], in
                                         tag, req);
 }
 
+/* The SPEC 6 part of a step's io: the held shard's bias and the local thresholds. */
+static ra_dyn_io dyn_io(const struct ringattn_plan *p, const float *bias, int64_t rows,
+                        const ra_thresholds *thr, float *dbias)
+{
+    const ra_dyn_io d = {p->bias_heads ? bias : NULL, rows, thr->b, thr->p, dbias};
+    return d;
+}
+
+/* Thresholds of the local rows (SPEC 6), over every rank's bias in a ring. */
+static ringattn_status_t thresholds(struct ringattn_plan *p, const ra_args *a, ra_thresholds *thr)
+{
+    if (p->keep_k && p->ranks > 1) {
+        RA_TRY(gather_bias(p, a));
+        return ra__select_thresholds(p, p->ring->bias, thr);
+    }
+    return ra__select_thresholds(p, a->key_bias, thr);
+}
+
 ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
 {
+    ra_thresholds thr;
+    if (p->ranks > 1) RA_TRY(ring_make(p));
+    RA_TRY(thresholds(p, a, &thr));
     if (p->ranks == 1) {
-        const ra_fwd_io io = {&a->q, &a->k, &a->v, &p->q_shard, &p->k_shard, &a->o, a->lse,
-                              NULL,  NULL,  NULL,  1,           1,           {NULL, NULL}};
+        const ra_fwd_io io = {.q = &a->q, .k = &a->k, .v = &a->v, .qsh = &p->q_shard,
+                              .ksh = &p->k_shard, .o = &a->o, .lse = a->lse, .first = 1,
+                              .last = 1,
+                              .dyn = dyn_io(p, a->key_bias, p->k_shard.rows, &thr, NULL)};
         return p->kops->attend_forward(p, &io);
     }
-    RA_TRY(ring_make(p));
     struct ra_ring *g = p->ring;
     const size_t elem = ra__dtype_size(p->dtype);
-    ra_view pk, pv;
-    packed_views(p, g->kv[0], p->q_shard.rows, elem, &pk, &pv);
-    copy_rows(&a->k, &pk, p->dtype, p->q_shard.rows, p->num_kv_heads, p->head_dim);
-    copy_rows(&a->v, &pv, p->dtype, p->q_shard.rows, p->num_kv_heads, p->head_dim_v);
+    pack_own(p, a);
     const int last = last_compute_step(p);
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
@@ -148,11 +222,15 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
         progress_ctx pc = {p->comm, &req};
         if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, t, &req));
         if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
-            ra_view k = a->k, v = a->v; /* step 0: the caller's own K/V, read in place */
-            if (t > 0) packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v);
-            const ra_fwd_io io = {&a->q,   &k,   &v,    &p->q_shard, &p->shards[src],
-                                  &a->o,   a->lse, g->m, g->l,        g->acc,
-                                  t == 0,  t == last, {moving ? progress : NULL, &pc}};
+            ra_view k, v;
+            float *bias;
+            packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v, &bias);
+            if (t == 0) k = a->k, v = a->v; /* the caller's own K/V, read in place */
+            const ra_fwd_io io = {.q = &a->q, .k = &k, .v = &v, .qsh = &p->q_shard,
+                                  .ksh = &p->shards[src], .o = &a->o, .lse = a->lse, .m = g->m,
+                                  .l = g->l, .acc = g->acc, .first = t == 0, .last = t == last,
+                                  .progress = {moving ? progress : NULL, &pc},
+                                  .dyn = dyn_io(p, bias, p->shards[src].rows, &thr, NULL)};
             st = p->kops->attend_forward(p, &io);
         }
         if (moving) RA_TRY(p->comm->ops->wait(p->comm, &req)); /* even after a failed step */
@@ -161,27 +239,31 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
 }
 
 /*
- * Backward: K/V travel as in the forward, and behind them the float32 dK/dV sums of the shard,
- * to which every rank that sees the shard adds its part. Where a shard's journey ends its sums
- * are finished and go straight back to their owner (DESIGN: cut rings return dK/dV directly).
+ * Backward: K/V (and bias) travel as in the forward, and behind them the float32 dK/dV/dBias
+ * sums of the shard, to which every rank that sees the shard adds its part. Where a shard's
+ * journey ends its sums are finished and go straight back to their owner (DESIGN: cut rings
+ * return dK/dV directly).
  */
 ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
 {
+    ra_thresholds thr;
+    if (p->ranks > 1) RA_TRY(ring_make(p));
+    RA_TRY(thresholds(p, a, &thr));
     if (p->ranks == 1) {
-        const ra_bwd_io io = {&a->q,       &a->k,  &a->v,  &a->o,  &a->dout, a->lse, &p->q_shard,
-                              &p->k_shard, &a->dq, &a->dk, &a->dv, 0,        {NULL, NULL}};
+        const ra_bwd_io io = {.q = &a->q, .k = &a->k, .v = &a->v, .o = &a->o, .dout = &a->dout,
+                              .lse = a->lse, .qsh = &p->q_shard, .ksh = &p->k_shard,
+                              .dq = &a->dq, .dk = &a->dk, .dv = &a->dv,
+                              .dyn = dyn_io(p, a->key_bias, p->k_shard.rows, &thr, a->dbias)};
         return p->kops->attend_backward(p, &io);
     }
-    RA_TRY(ring_make(p));
     struct ra_ring *g = p->ring;
     const int P = p->ranks, r = p->rank, H = p->num_heads, Hk = p->num_kv_heads;
     const int D = p->head_dim, Dv = p->head_dim_v;
     const int64_t rows = p->q_shard.rows;
     const size_t elem = ra__dtype_size(p->dtype);
-    ra_view pk, pv, gk, gv;
-    packed_views(p, g->kv[0], rows, elem, &pk, &pv);
-    copy_rows(&a->k, &pk, p->dtype, rows, Hk, D);
-    copy_rows(&a->v, &pv, p->dtype, rows, Hk, Dv);
+    ra_view gk, gv;
+    float *gbias;
+    pack_own(p, a);
     memset(g->grad[0], 0, ra__shard_grad_bytes(p, r));
     memset(g->acc, 0, (size_t)rows * H * D * sizeof(float));
     const ra_view dq = {(char *)g->acc, (int64_t)H * D, D, sizeof(float)};
@@ -189,16 +271,21 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
         const int src = ra__held_shard(p, r, t), moving = t + 1 < p->num_steps;
+        const int64_t src_rows = p->shards[src].rows;
         ra_request req, greq, rreq;
         progress_ctx pc = {p->comm, &req};
         if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, 3 * t, &req));
         if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
-            ra_view k = a->k, v = a->v;
-            if (t > 0) packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v);
-            packed_views(p, grads[cur], p->shards[src].rows, sizeof(float), &gk, &gv);
-            const ra_bwd_io io = {&a->q, &k,  &v,  &a->o, &a->dout, a->lse,
-                                  &p->q_shard, &p->shards[src], &dq, &gk, &gv, 1,
-                                  {moving ? progress : NULL, &pc}};
+            ra_view k, v;
+            float *bias;
+            packed_views(p, g->kv[cur], src_rows, elem, &k, &v, &bias);
+            if (t == 0) k = a->k, v = a->v;
+            packed_views(p, grads[cur], src_rows, sizeof(float), &gk, &gv, &gbias);
+            const ra_bwd_io io = {.q = &a->q, .k = &k, .v = &v, .o = &a->o, .dout = &a->dout,
+                                  .lse = a->lse, .qsh = &p->q_shard, .ksh = &p->shards[src],
+                                  .dq = &dq, .dk = &gk, .dv = &gv, .accumulate = 1,
+                                  .progress = {moving ? progress : NULL, &pc},
+                                  .dyn = dyn_io(p, bias, src_rows, &thr, a->dbias ? gbias : NULL)};
             st = p->kops->attend_backward(p, &io);
         }
         if (moving) RA_TRY(p->comm->ops->wait(p->comm, &req));
@@ -213,9 +300,10 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
         RA_TRY(p->comm->ops->wait(p->comm, &rreq));
     }
     RA_TRY(st);
-    packed_views(p, g->own, rows, sizeof(float), &gk, &gv);
+    packed_views(p, g->own, rows, sizeof(float), &gk, &gv, &gbias);
     copy_rows(&gk, &a->dk, p->dtype, rows, Hk, D);
     copy_rows(&gv, &a->dv, p->dtype, rows, Hk, Dv);
     copy_rows(&dq, &a->dq, p->dtype, rows, H, D);
+    if (a->dbias) memcpy(a->dbias, gbias, (size_t)rows * p->bias_heads * sizeof(float));
     return RINGATTN_SUCCESS;
 }

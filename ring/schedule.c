@@ -7,10 +7,12 @@
 #include "ring/schedule.h"
 #include "ring/tensor.h"
 
+/* K and V in `elem`-byte elements, padded to 4 bytes, then the float32 bias (ring.c's layout). */
 static size_t shard_bytes(const struct ringattn_plan *p, int r, size_t elem)
 {
-    const int64_t rows = p->shards ? p->shards[r].rows : p->k_shard.rows;
-    return (size_t)rows * p->num_kv_heads * (size_t)(p->head_dim + p->head_dim_v) * elem;
+    const size_t rows = (size_t)(p->shards ? p->shards[r].rows : p->k_shard.rows);
+    const size_t kv = rows * p->num_kv_heads * (size_t)(p->head_dim + p->head_dim_v) * elem;
+    return ((kv + 3) & ~(size_t)3) + rows * p->bias_heads * sizeof(float);
 }
 
 size_t ra__shard_kv_bytes(const struct ringattn_plan *p, int r)

@@ -23,7 +23,7 @@ static inline int ra__moves_on(const struct ringattn_plan *p, int r, int t)
     return t < p->last_hop[ra__held_shard(p, r, t)];
 }
 
-/* Bytes of shard r's K and V in the plan's dtype, and of its float32 dK and dV. */
+/* Bytes of shard r's K, V (plan dtype) and bias, and of its float32 dK, dV and dBias. */
 size_t ra__shard_kv_bytes(const struct ringattn_plan *p, int r);
 size_t ra__shard_grad_bytes(const struct ringattn_plan *p, int r);
 

@@ -25,6 +25,8 @@ static inline void *ra__view_at(const ra_view *v, int64_t t, int64_t h)
 typedef struct ra_args {
     ra_view q, k, v, o, dout, dq, dk, dv;
     float *lse; /* [num_heads, T_q] */
+    const float *key_bias; /* [H_b, T_k] or NULL */
+    float *dbias;          /* [H_b, T_k] or NULL */
 } ra_args;
 
 /*

@@ -42,16 +42,15 @@ static q_side load_q_side(const struct ringattn_plan *p, const ra_bwd_io *io, ra
 }
 
 /*
- * SPEC 7 for one tile pair: w->s = P (0 for masked logits and for rows whose LSE marks them
- * empty), w->dp = dZ = P * (dP - D_i), times the softcap derivative 1 - tanh^2.
+ * SPEC 7 for one tile pair whose logits are in w->s (tanh in w->tanh_s with softcap): w->s
+ * becomes P (0 for masked logits and for rows whose LSE marks them empty), w->dp becomes
+ * dZ = P * (dP - D_i) times the softcap derivative 1 - tanh^2. dbias, when not NULL, gets the
+ * column sums of dS = P * (dP - D_i) added (the bias enters s directly), at slot[j] if given.
  */
-static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int h, const ra_span *qs,
-                       const ra_span *ks, ra_block_kind kind, const q_side *qd, const float *k,
-                       int64_t ldk, const float *v, int64_t ldv)
+static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, int nk,
+                       const q_side *qd, const float *v, int64_t ldv, float *dbias,
+                       const int32_t *slot)
 {
-    const int nq = (int)qs->count, nk = (int)ks->count;
-    ra__tile_logits(p, h, qs, ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd->q,
-                    qd->ldq, k, ldk, w->s, p->softcap > 0.0f ? w->tanh_s : NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
     for (int i = 0; i < nq; ++i) {
@@ -68,6 +67,8 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int h, co
             ps[j] = pij;
             dz[j] = pij * (dz[j] - di);
         }
+        if (dbias)
+            for (int j = 0; j < nk; ++j) dbias[slot ? slot[j] : j] += dz[j];
         if (p->softcap > 0.0f) {
             const float *t = w->tanh_s + (size_t)i * nk;
             for (int j = 0; j < nk; ++j) dz[j] *= 1.0f - t[j] * t[j];
@@ -75,36 +76,135 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int h, co
     }
 }
 
-/* dK, dV of the key tile ks (local rows from krow) of kv head g: over its GQA group's heads and
-   every query tile of the local queries that can see it. */
+/* The softcap's tanh values, kept for its derivative. */
+static float *tanh_buf(const struct ringattn_plan *p, ra_thread_ws *w)
+{
+    return p->softcap > 0.0f ? w->tanh_s : NULL;
+}
+
+/* dK, dV (and dBias) of a gathered batch of the key tile's keys, added back at their slots. */
+static void keys_chunk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                       const ra_span *qs, const q_side *qd, int g, int h, ra_key_batch *b,
+                       const ra_tile_dyn *dyn, float *dbias)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
+    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
+    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
+    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w),
+                     dyn);
+    tile_grads(p, w, nq, b->n, qd, w->vb, Dv, dbias, b->slot);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, Dv, nq, 1.0f, w->s, b->n, qd->dout,
+                (int)qd->lddo, 0.0f, w->dvb, Dv);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, D, nq, p->scale, w->dp, b->n,
+                qd->q, (int)qd->ldq, 0.0f, w->dkb, D);
+    for (int j = 0; j < b->n; ++j) {
+        float *dk = w->dk + (size_t)b->slot[j] * D, *dv = w->dv + (size_t)b->slot[j] * Dv;
+        for (int c = 0; c < D; ++c) dk[c] += w->dkb[(size_t)j * D + c];
+        for (int c = 0; c < Dv; ++c) dv[c] += w->dvb[(size_t)j * Dv + c];
+    }
+    b->n = 0;
+}
+
+/*
+ * Keys pass with a top-k selection (SPEC 6): only the keys of the tile that some row of the
+ * query tile may keep, gathered in batches of up to block_k.
+ */
+static void keys_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                       const ra_span *qs, int64_t qrow, const ra_span *ks, int64_t krow, int g,
+                       int h, const ra_tile_dyn *dyn, float *dbias, int bk)
+{
+    ra_key_batch b = ra__batch_of(w);
+    const float tmin = ra__tile_min_threshold(dyn, (int)qs->count);
+    q_side qd;
+    int loaded = 0;
+    for (int j = 0; j < (int)ks->count; ++j) {
+        if (dyn->bias[j] < tmin) continue;
+        b.row[b.n] = krow + j;
+        b.pos[b.n] = ks->pos + j * ks->stride;
+        b.bias[b.n] = dyn->bias[j];
+        b.slot[b.n++] = j;
+        if (b.n < bk && j + 1 < (int)ks->count) continue;
+        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count);
+        loaded = 1;
+        keys_chunk(p, io, w, qs, &qd, g, h, &b, dyn, dbias);
+    }
+    if (b.n) {
+        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count);
+        keys_chunk(p, io, w, qs, &qd, g, h, &b, dyn, dbias);
+    }
+}
+
+/*
+ * dK, dV of the key tile ks (local rows from krow) for kv heads [g0, g1): over each GQA group's
+ * heads and every query tile of the local queries that can see it; and the tile's dBias rows of
+ * those heads (a task covers every kv head sharing a bias head, so it owns its dBias rows).
+ */
 static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                      const ra_span *ks, int64_t krow, int g, int bq)
+                      const ra_span *ks, int64_t krow, int g0, int g1, int bq, int bk)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, G = p->num_heads / p->num_kv_heads;
-    const int nk = (int)ks->count;
-    int64_t ldk, ldv, qrow;
-    const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-    const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
-    memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
-    memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
-
-    for (int h = g * G; h < (g + 1) * G; ++h) {
-        ra_tile_walk walk;
-        ra_span qs;
-        ra_block_kind kind;
-        ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-        while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
-            const int nq = (int)qs.count;
-            const q_side qd = load_q_side(p, io, w, h, qrow, nq);
-            tile_grads(p, w, h, &qs, ks, kind, &qd, k, ldk, v, ldv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
-                        qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp, nk,
-                        qd.q, (int)qd.ldq, 1.0f, w->dk, D);
+    const int nk = (int)ks->count, Hb = p->bias_heads;
+    const int per_bias = Hb ? p->num_heads / Hb : 1;
+    float *const dbias = io->dyn.dbias ? w->dbias : NULL; /* [H_b, nk] */
+    if (dbias) memset(dbias, 0, (size_t)Hb * nk * sizeof *dbias);
+    const int select = io->dyn.thr_b != NULL; /* keys gathered per query tile instead */
+    int64_t ldk = 0, ldv = 0, qrow;
+    for (int g = g0; g < g1; ++g) {
+        const float *k = select ? NULL : ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
+        const float *v = select ? NULL : ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
+        memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
+        memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
+        for (int h = g * G; h < (g + 1) * G; ++h) {
+            ra_tile_walk walk;
+            ra_span qs;
+            ra_block_kind kind;
+            ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
+            while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
+                const int nq = (int)qs.count;
+                ra_tile_dyn dyn;
+                const ra_tile_dyn *use;
+                if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use))
+                    continue;
+                float *db = dbias ? dbias + (size_t)(h / per_bias) * nk : NULL;
+                if (use && use->thr_b) {
+                    keys_batch(p, io, w, &qs, qrow, ks, krow, g, h, use, db, bk);
+                    continue;
+                }
+                const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+                ra__tile_logits(p, h, &qs, ks, p->delta[qs.seq], kind, w->row_begin, w->row_end,
+                                qd.q, qd.ldq, k, ldk, w->s, tanh_buf(p, w), use);
+                tile_grads(p, w, nq, nk, &qd, v, ldv, db, NULL);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
+                            qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp,
+                            nk, qd.q, (int)qd.ldq, 1.0f, w->dk, D);
+            }
         }
+        ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
+        ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, w->dv, Dv);
     }
-    ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
-    ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, w->dv, Dv);
+    if (!dbias) return;
+    const ra_view out = {(char *)io->dyn.dbias, 1, io->dyn.ld, sizeof(float)}; /* [H_b, ld] */
+    for (int hb = g0 * G / per_bias; hb <= (g1 * G - 1) / per_bias; ++hb)
+        ra__tile_store(&out, RINGATTN_FLOAT32, io->accumulate, krow, 1, hb, nk,
+                       dbias + (size_t)hb * nk, nk);
+}
+
+/* dQ += scale * dZ K over a gathered batch of keys (SPEC 6 selection). */
+static void queries_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                          const ra_span *qs, int h, const q_side *qd, ra_key_batch *b,
+                          const ra_tile_dyn *dyn)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    if (b->n == 0) return;
+    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
+    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
+    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w),
+                     dyn);
+    tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL, NULL);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
+                w->dp, b->n, w->kb, D, 1.0f, w->acc, D);
+    b->n = 0;
 }
 
 /* dQ of the query tile qs (local rows from qrow) of head h over every key segment it sees. */
@@ -120,15 +220,33 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
     ra_tile_walk walk;
     ra_span ks;
     ra_block_kind kind;
+    ra_key_batch batch = ra__batch_of(w);
+    ra_tile_dyn dyn;
+    const ra_tile_dyn *use = NULL;
     ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
     while (ra__walk_next(&walk, &ks, &krow, &kind)) {
         const int nk = (int)ks.count;
+        if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
+        if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
+            const float tmin = ra__tile_min_threshold(use, nq);
+            for (int j = 0; j < nk; ++j) {
+                if (use->bias[j] < tmin) continue;
+                batch.row[batch.n] = krow + j;
+                batch.pos[batch.n] = ks.pos + j * ks.stride;
+                batch.bias[batch.n++] = use->bias[j];
+                if (batch.n == bk) queries_batch(p, io, w, qs, h, &qd, &batch, use);
+            }
+            continue;
+        }
         const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
-        tile_grads(p, w, h, qs, &ks, kind, &qd, k, ldk, v, ldv);
+        ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd.q,
+                        qd.ldq, k, ldk, w->s, tanh_buf(p, w), use);
+        tile_grads(p, w, nq, nk, &qd, v, ldv, NULL, NULL);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
                     (int)ldk, 1.0f, w->acc, D);
     }
+    queries_batch(p, io, w, qs, h, &qd, &batch, use);
     ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
 }
 
@@ -138,9 +256,11 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
     RA_TRY(ra__cpu_workspace(p, nt));
     const struct ra_workspace *ws = p->ws;
     const ra_tiling qt = ra__tiling_make(io->qsh, ws->block_q, ws->q_first);
-    const ra_tiling kt = ra__tiling_make(io->ksh, ws->block_k, ws->k_first);
+    const ra_tiling kt = ra__tiling_make(io->ksh, ws->keys_block, ws->k_first);
     const int H = p->num_heads, Hk = p->num_kv_heads;
-    const int64_t key_tasks = kt.tiles * Hk, query_tasks = qt.tiles * H;
+    /* kv heads per keys task: all of them when they share one bias head (H_b = 1 < H_kv) */
+    const int gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1, blocks = Hk / gb;
+    const int64_t key_tasks = kt.tiles * blocks, query_tasks = qt.tiles * H;
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel num_threads(nt)
@@ -150,8 +270,9 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
         int64_t row;
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t task = 0; task < key_tasks; ++task) {
-            ra__tiling_tile(&kt, io->ksh, task / Hk, &span, &row);
-            keys_task(p, io, w, &span, row, (int)(task % Hk), ws->block_q);
+            ra__tiling_tile(&kt, io->ksh, task / blocks, &span, &row);
+            const int g0 = (int)(task % blocks) * gb;
+            keys_task(p, io, w, &span, row, g0, g0 + gb, ws->block_q, ws->block_k);
             if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
         }
 #pragma omp for schedule(dynamic, 1)

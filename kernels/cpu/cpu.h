@@ -13,13 +13,20 @@
 
 #define RA_CPU_DEFAULT_BLOCK_Q 256
 #define RA_CPU_DEFAULT_BLOCK_K 256
+#define RA_CPU_SELECT_KEYS_TILES 4 /* keys-pass tile, in block_k, under a top-k selection */
 
 /* One thread's tile buffers (float32), carved from one slab. */
 typedef struct ra_thread_ws {
     float *q, *k, *v, *dout, *o; /* converted input tiles (unused for float32 storage) */
     float *s, *dp, *tanh_s;      /* [block_q, block_k] logits/probabilities, dP/dZ, tanh */
     float *acc;                  /* [block_q, max(D, D_v)]: forward acc, dQ */
-    float *dk, *dv;              /* [block_k, D], [block_k, D_v]: backward key-tile sums */
+    float *dk, *dv;              /* [keys_block, D], [keys_block, D_v]: keys-pass tile sums */
+    float *dbias;                /* [H_b, keys_block]: keys-pass dBias sums */
+    float *kb, *vb;              /* [block_k, D], [block_k, D_v]: a gathered batch's K, V */
+    float *dkb, *dvb;            /* [block_k, D], [block_k, D_v]: its dK, dV (keys pass) */
+    int64_t *batch_row, *batch_pos; /* [block_k] (ra_key_batch) */
+    float *batch_bias;
+    int32_t *batch_slot;
     float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
 } ra_thread_ws;
@@ -33,6 +40,7 @@ typedef struct ra_tiling {
 
 struct ra_workspace {
     int threads, block_q, block_k;
+    int keys_block;             /* rows of a keys-pass key tile (backward) */
     int64_t *q_first, *k_first; /* tiling buffers, [max segments + 1] each */
     ra_thread_ws *per_thread;   /* [threads] */
     void *slab;
@@ -88,15 +96,61 @@ const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, 
 void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
                     int h, int dim, const float *src, int64_t ld);
 
+/* SPEC 6 for one tile: the keys' bias, and the query rows' thresholds (NULL: no selection). */
+typedef struct ra_tile_dyn {
+    const float *bias; /* [nk] */
+    const float *thr_b; /* [nq] */
+    const int64_t *thr_p;
+} ra_tile_dyn;
+
+/*
+ * SPEC 6 sparsity: with a top-k selection most keys are kept by no row of a query tile. The
+ * kernels gather the keys some row may keep (bias >= the tile's lowest threshold) into batches
+ * of up to block_k keys and compute only those, with the masks checked per element.
+ */
+typedef struct ra_key_batch {
+    int n;
+    int64_t *row, *pos; /* local row in the key shard, position in the sequence */
+    float *bias;        /* the key's bias for the head at hand */
+    int32_t *slot;      /* keys pass: index within its key tile */
+} ra_key_batch;
+
+static inline ra_key_batch ra__batch_of(ra_thread_ws *w)
+{
+    const ra_key_batch b = {0, w->batch_row, w->batch_pos, w->batch_bias, w->batch_slot};
+    return b;
+}
+
+/* Lowest threshold over the rows of a query tile (keys below it are kept by no row). */
+float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq);
+/* The batch's rows of head h of v as float32 [n, dim] in buf. */
+void ra__batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b, int h, int dim,
+                    float *buf);
+/* ra__tile_logits for a gathered batch: window, ALiBi and top-k per element from positions. */
+void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs, int64_t delta,
+                      const ra_key_batch *b, const float *q, int64_t ldq, const float *k,
+                      float *s, float *tanh_s, const ra_tile_dyn *dyn);
+
 /*
  * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh
  * values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and -inf outside
- * each row's allowed interval when kind is PARTIAL.
+ * each row's allowed interval when kind is PARTIAL; with dyn, + bias and -inf for keys the
+ * row's top-k threshold drops (SPEC 6).
  */
 void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
                      const int32_t *row_end, const float *q, int64_t ldq, const float *k,
-                     int64_t ldk, float *s, float *tanh_s);
+                     int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
+
+/*
+ * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL
+ * without a bias. Returns 0 when no row keeps any key of the tile (an EMPTY tile, skipped
+ * exactly): every key's bias is below every row's threshold.
+ */
+int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
+                 int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
+                 const struct ra_tile_dyn **use);
+
 
 /* exp(x) for x <= 88, exactly 0 below -87.3 (so -inf gives 0); about 1 ulp; vectorises. */
 static inline float ra__exp(float x)

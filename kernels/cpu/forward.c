@@ -79,6 +79,22 @@ static void state_end(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thr
     if (io->last) ra__tile_store(io->o, p->dtype, 0, row, nq, h, Dv, w->acc, Dv);
 }
 
+/* Logits of the query tile against a batch of gathered keys, then SPEC 4 and PV. */
+static void forward_batch(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
+                          const ra_span *qs, const float *q, int64_t ldq, int h, ra_key_batch *b,
+                          const ra_tile_dyn *dyn)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    if (b->n == 0) return;
+    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
+    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
+    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, q, ldq, w->kb, w->s, NULL, dyn);
+    softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f, w->s,
+                b->n, w->vb, Dv, 1.0f, w->acc, Dv);
+    b->n = 0;
+}
+
 /* The query tile qs (local rows from qrow) of head h against every key segment of its sequence. */
 static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
                           const ra_span *qs, int64_t qrow, int h, int bk)
@@ -91,17 +107,33 @@ static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra
     ra_tile_walk walk;
     ra_span ks;
     ra_block_kind kind;
+    ra_key_batch batch = ra__batch_of(w);
+    ra_tile_dyn dyn;
+    const ra_tile_dyn *use = NULL;
     ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
     while (ra__walk_next(&walk, &ks, &krow, &kind)) {
         const int nk = (int)ks.count;
+        if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
+        if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
+            const float tmin = ra__tile_min_threshold(use, nq);
+            for (int j = 0; j < nk; ++j) {
+                if (use->bias[j] < tmin) continue;
+                batch.row[batch.n] = krow + j;
+                batch.pos[batch.n] = ks.pos + j * ks.stride;
+                batch.bias[batch.n++] = use->bias[j];
+                if (batch.n == bk) forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
+            }
+            continue;
+        }
         const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
         ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, q, ldq,
-                        k, ldk, w->s, NULL);
+                        k, ldk, w->s, NULL, use);
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
                     (int)ldv, 1.0f, w->acc, Dv);
     }
+    forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
     state_end(p, io, w, h, qrow, nq);
 }
 

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/dtype.h"
+#include "masks/topk.h"
 
 const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
                            int dim, float *buf, int64_t *ld)
@@ -67,10 +68,82 @@ static void alibi_row(float *s, int n, float slope, int64_t qpos_delta, int64_t 
     }
 }
 
+/* SPEC 6: + bias (not scaled), then -inf where the row's threshold does not keep the key. */
+static void dynamic_row(float *s, int nk, const struct ra_tile_dyn *dyn, int i, const ra_span *ks)
+{
+    for (int j = 0; j < nk; ++j) s[j] += dyn->bias[j];
+    if (!dyn->thr_b) return;
+    const float tb = dyn->thr_b[i];
+    const int64_t tp = dyn->thr_p[i];
+    for (int j = 0; j < nk; ++j)
+        if (!ra__topk_keeps(tb, tp, dyn->bias[j], ks->pos + j * ks->stride)) s[j] = -INFINITY;
+}
+
+float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq)
+{
+    float tmin = INFINITY;
+    for (int i = 0; i < nq; ++i) tmin = dyn->thr_b[i] < tmin ? dyn->thr_b[i] : tmin;
+    return tmin;
+}
+
+void ra__batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b, int h, int dim,
+                    float *buf)
+{
+    for (int j = 0; j < b->n; ++j) {
+        int64_t ld;
+        const float *row = ra__tile_load(v, dt, b->row[j], 1, h, dim, buf + (size_t)j * dim, &ld);
+        if (row != buf + (size_t)j * dim)
+            for (int c = 0; c < dim; ++c) buf[(size_t)j * dim + c] = row[c];
+    }
+}
+
+void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs, int64_t delta,
+                      const ra_key_batch *b, const float *q, int64_t ldq, const float *k,
+                      float *s, float *tanh_s, const ra_tile_dyn *dyn)
+{
+    const int nq = (int)qs->count, n = b->n, D = p->head_dim;
+    const ra_window w = p->window;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, k, D,
+                0.0f, s, n);
+    for (int i = 0; i < nq; ++i) {
+        float *row = s + (size_t)i * n;
+        const int64_t qp = qs->pos + i * qs->stride + delta;
+        if (p->softcap > 0.0f)
+            softcap_row(row, tanh_s ? tanh_s + (size_t)i * n : NULL, n, p->softcap);
+        const float tb = dyn->thr_b[i], slope = p->alibi ? p->alibi[h] : 0.0f;
+        const int64_t tp = dyn->thr_p[i];
+        for (int j = 0; j < n; ++j) {
+            const int64_t pj = b->pos[j], dist = qp > pj ? qp - pj : pj - qp;
+            row[j] -= slope * (float)dist; /* the order of the span path: ALiBi, then bias */
+            row[j] += b->bias[j];
+            const int seen = (w.left < 0 || pj >= qp - w.left) && (w.right < 0 || pj <= qp + w.right);
+            if (!seen || !ra__topk_keeps(tb, tp, b->bias[j], pj)) row[j] = -INFINITY;
+        }
+    }
+}
+
+int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
+                 int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
+                 const struct ra_tile_dyn **use)
+{
+    *use = NULL;
+    if (!io->bias) return 1;
+    const int hb = h / (p->num_heads / p->bias_heads);
+    out->bias = io->bias + hb * io->ld + krow;
+    out->thr_b = io->thr_b ? io->thr_b + hb * qrows + qrow : NULL;
+    out->thr_p = io->thr_p ? io->thr_p + hb * qrows + qrow : NULL;
+    *use = out;
+    if (!out->thr_b) return 1;
+    float bmax = -INFINITY, tmin = INFINITY;
+    for (int j = 0; j < nk; ++j) bmax = out->bias[j] > bmax ? out->bias[j] : bmax;
+    for (int i = 0; i < nq; ++i) tmin = out->thr_b[i] < tmin ? out->thr_b[i] : tmin;
+    return !(bmax < tmin);
+}
+
 void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
                      const int32_t *row_end, const float *q, int64_t ldq, const float *k,
-                     int64_t ldk, float *s, float *tanh_s)
+                     int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, nk = (int)ks->count;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim, p->scale, q,
@@ -81,6 +154,7 @@ void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, co
             softcap_row(row, tanh_s ? tanh_s + (size_t)i * nk : NULL, nk, p->softcap);
         if (p->alibi)
             alibi_row(row, nk, p->alibi[h], qs->pos + i * qs->stride + delta, ks->pos, ks->stride);
+        if (dyn) dynamic_row(row, nk, dyn, i, ks);
         if (kind == RA_BLOCK_PARTIAL) { /* SPEC 3: masked logits are exactly -inf */
             for (int j = 0; j < row_begin[i]; ++j) row[j] = -INFINITY;
             for (int j = row_end[i]; j < nk; ++j) row[j] = -INFINITY;

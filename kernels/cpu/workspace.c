@@ -53,16 +53,20 @@ int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_spa
 }
 
 /* Carves one thread's buffers out of base; returns the number of floats used. */
-static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int d, int dv)
+static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d, int dv, int hb)
 {
     const int dmax = d > dv ? d : dv;
     const size_t sizes[] = {(size_t)bq * d, (size_t)bk * d,  (size_t)bk * dv, (size_t)bq * dv,
                             (size_t)bq * dv, (size_t)bq * bk, (size_t)bq * bk, (size_t)bq * bk,
-                            (size_t)bq * dmax, (size_t)bk * d, (size_t)bk * dv, bq, bq, bq, bq,
-                            bq, bq};
+                            (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq, bq, bq,
+                            bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)bk * d,
+                            (size_t)bk * dv, (size_t)bk * d, (size_t)bk * dv, 2 * (size_t)bk,
+                            2 * (size_t)bk, bk, bk};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
                      &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
-                     (float **)&w->row_begin, (float **)&w->row_end};
+                     (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
+                     &w->vb, &w->dkb, &w->dvb, (float **)&w->batch_row,
+                     (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot};
     size_t used = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
         if (base) *dst[i] = base + used;
@@ -79,8 +83,12 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
     ws->threads = threads;
     ws->block_q = p->block_q ? p->block_q : RA_CPU_DEFAULT_BLOCK_Q;
     ws->block_k = p->block_k ? p->block_k : RA_CPU_DEFAULT_BLOCK_K;
-    const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, p->head_dim,
-                             p->head_dim_v);
+    /* With a top-k selection the keys pass gathers the few kept keys of a longer key tile, so
+       that its tile products stay about block_k wide (SPEC 6 sparsity). */
+    ws->keys_block = p->keep_k ? RA_CPU_SELECT_KEYS_TILES * ws->block_k : ws->block_k;
+    const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, ws->keys_block,
+                             p->head_dim,
+                             p->head_dim_v, p->bias_heads);
     const size_t max_segs = (size_t)p->num_seqs * RA_LAYOUT_MAX_SPANS + 1;
     ws->q_first = malloc(max_segs * sizeof(int64_t));
     ws->k_first = malloc(max_segs * sizeof(int64_t));
@@ -94,7 +102,8 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
     }
     for (int t = 0; t < threads; ++t)
         carve(&ws->per_thread[t], (float *)ws->slab + per * t, ws->block_q, ws->block_k,
-              p->head_dim, p->head_dim_v);
+              ws->keys_block,
+              p->head_dim, p->head_dim_v, p->bias_heads);
     *out = ws;
     return RINGATTN_SUCCESS;
 }

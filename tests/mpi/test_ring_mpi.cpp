@@ -1,16 +1,19 @@
 // The ring over MPI (run by ctest under mpirun -n 2, 3 and 4): every rank's outputs are summed
 // into the global result (an allreduce of exact zeros elsewhere) and compared, on every rank,
 // with the single-rank plan within SPEC 9, for every layout and mask; a sub-communicator; a
-// descriptor mismatch failing on every rank within seconds.
+// descriptor mismatch failing on every rank within seconds; dynamic masks (SPEC 6: key bias of
+// 1, H_kv or H heads, global top-k) the same way.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "ring/compare.hpp"
 #include "ring/ring_harness.hpp"
+#include "ring/ring_oracle.hpp"
 #include "ringattn_mpi.h"
 
 using namespace ringtest;
@@ -40,7 +43,8 @@ Result ring_over(MPI_Comm mpi, const Problem &pb, ringattn_layout_t layout,
         if (r.status == RINGATTN_SUCCESS) r.status = RINGATTN_ERR_COMM;
         return r;
     }
-    for (auto *v : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv}) allreduce_sum(*v, mpi);
+    for (auto *v : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv, &r.dbias})
+        if (!v->empty()) allreduce_sum(*v, mpi);
     return r;
 }
 
@@ -100,6 +104,95 @@ TEST_CASE("a descriptor mismatch fails on every MPI rank within seconds", "[mpi]
                                });
     CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+TEST_CASE("ring over MPI with a key bias and top-k equals the single-rank plan", "[mpi][dynamic]")
+{
+    struct Mask {
+        int causal, wl, wr;
+    };
+    const Mask masks[] = {{0, -1, -1}, {1, -1, -1}, {1, 5, 0}};
+    const int hbs[] = {1, 2, 4}; // H = 4, H_kv = 2
+    int idx = 0;
+    for (const Mask &m : masks)
+        for (int keep : {0, 1, 3, 1000}) {
+            Problem pb;
+            pb.cu = {0, 97, 98, 101, 101, 160};
+            pb.causal = m.causal;
+            pb.wl = m.wl;
+            pb.wr = m.wr;
+            pb.key_bias_heads = hbs[idx % 3];
+            pb.keep_k = keep;
+            pb.fill(4000 + (uint64_t)idx);
+            if (idx % 4 == 3)
+                for (float &b : pb.bias) b = std::round(2 * b) / 2; // ties
+            ++idx;
+            const Result single = run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+            const GradFloors fl = magnitude_floors(pb);
+            for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
+                                RINGATTN_LAYOUT_STRIPED}) {
+                INFO("mask " << m.causal << "/" << m.wl << "/" << m.wr << ", H_b "
+                             << pb.key_bias_heads << ", keep_k " << keep << ", layout " << layout);
+                check_same(ring_over(MPI_COMM_WORLD, pb, layout), single, RINGATTN_FLOAT32, fl);
+            }
+        }
+    // bfloat16, one problem
+    Problem pb;
+    pb.dtype = RINGATTN_BFLOAT16;
+    pb.cu = {0, 80, 131};
+    pb.causal = 1;
+    pb.wl = 20;
+    pb.key_bias_heads = 2;
+    pb.keep_k = 6;
+    pb.fill(4100);
+    const Result single = run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    check_same(ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_ZIGZAG), single, RINGATTN_BFLOAT16,
+               magnitude_floors(pb));
+}
+
+TEST_CASE("ring over MPI: top-k is global, a row's top keys on another rank", "[mpi][dynamic]")
+{
+    // Causal, keep_k = 5, the five largest biases on tokens 0..4 (rank 0's shard under the
+    // contiguous layout): every later row keeps only keys of rank 0. The oracle's output is
+    // the reference as well as the single-rank plan.
+    Problem pb;
+    pb.cu = {0, 150};
+    pb.causal = 1;
+    pb.key_bias_heads = 1;
+    pb.keep_k = 5;
+    pb.bias_sigma = 0.5f;
+    pb.fill(4200);
+    for (int i = 0; i < 5; ++i) pb.bias[(size_t)i] = 2.0f + 0.1f * (float)i;
+    const Result single = run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    const GradFloors fl = magnitude_floors(pb);
+    const ratest::AttnConfig c = oracle_config(pb);
+    ratest::Dense Q, K, V, dO;
+    oracle_inputs(pb, Q, K, V, dO);
+    const ratest::FwdResult f = ratest::oracle_forward(c, Q, K, V);
+    for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_STRIPED}) {
+        INFO("layout " << layout);
+        const Result r = ring_over(MPI_COMM_WORLD, pb, layout);
+        check_same(r, single, RINGATTN_FLOAT32, fl);
+        if (r.status == RINGATTN_SUCCESS) {
+            ratest::Dense got(f.O.T, f.O.heads, f.O.dim);
+            for (size_t i = 0; i < got.v.size(); ++i) got.v[i] = r.o[i];
+            CHECK(ratest::max_rel_err(got, f.O) <= 1e-5);
+        }
+    }
+}
+
+TEST_CASE("a keep_k mismatch fails on every MPI rank", "[mpi][dynamic]")
+{
+    Problem pb;
+    pb.cu = {0, 64};
+    pb.key_bias_heads = 1;
+    pb.keep_k = 3;
+    pb.fill(11);
+    const Result r = ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_CONTIGUOUS,
+                               [](int rank, ringattn_plan_desc_t &d) {
+                                   if (rank == 1) d.keep_k = 2;
+                               });
+    CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
 }
 
 int main(int argc, char **argv)

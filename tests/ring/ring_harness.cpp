@@ -26,6 +26,8 @@ ringattn_plan_desc_t Problem::desc(ringattn_layout_t layout) const
     d.window_right = wr;
     d.softcap = softcap;
     d.alibi_slopes = alibi.empty() ? nullptr : alibi.data();
+    d.key_bias_heads = key_bias_heads;
+    d.keep_k = keep_k;
     d.num_threads = 1;
     d.block_q = 16; // small tiles: many tiles per shard even at test sizes
     d.block_k = 24;
@@ -49,6 +51,12 @@ void Problem::fill(uint64_t seed)
     make(k32, k16, t * Hkv * D);
     make(v32, v16, t * Hkv * Dv);
     make(do32, do16, t * H * Dv);
+    bias.clear();
+    if (key_bias_heads > 0) {
+        std::normal_distribution<float> nb(0.0f, bias_sigma);
+        bias.resize(t * (size_t)key_bias_heads);
+        for (float &b : bias) b = nb(rng);
+    }
 }
 
 namespace {
@@ -118,6 +126,13 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
     Local o(idx.size(), (size_t)H * Dv, q.elem), dq(idx.size(), (size_t)H * D, q.elem);
     Local dk(idx.size(), (size_t)Hk * D, q.elem), dv(idx.size(), (size_t)Hk * Dv, q.elem);
     std::vector<float> lse((size_t)H * n + 1, NAN);
+    // Bias columns of the local tokens, [H_b, n] packed; dBias the same shape, NaN until written.
+    const int Hb = pb.key_bias_heads;
+    const int64_t T = pb.T();
+    std::vector<float> lbias((size_t)Hb * n + 1, NAN), ldbias((size_t)Hb * n + 1, NAN);
+    for (int hb = 0; hb < Hb; ++hb)
+        for (size_t r = 0; r < idx.size(); ++r)
+            lbias[(size_t)hb * n + r] = pb.bias[(size_t)hb * T + idx[r]];
     poison(o);
     poison(dq);
     poison(dk);
@@ -132,6 +147,8 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
     t.dq.data = dq.data();
     t.dk.data = dk.data();
     t.dv.data = dv.data();
+    t.key_bias = Hb > 0 ? lbias.data() : nullptr;
+    t.dbias = Hb > 0 ? ldbias.data() : nullptr;
     st = ringattn_forward(plan, &t, nullptr);
     if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, nullptr);
     ringattn_plan_destroy(plan);
@@ -140,7 +157,6 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
         if (res.status == RINGATTN_SUCCESS) res.status = st;
         return;
     }
-    const int64_t T = pb.T();
     for (size_t r = 0; r < idx.size(); ++r) {
         const size_t g = (size_t)idx[r];
         for (int i = 0; i < H * Dv; ++i) res.o[g * H * Dv + i] = o.get(pb.dtype, r * H * Dv + i);
@@ -149,6 +165,7 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
         for (int i = 0; i < Hk * Dv; ++i)
             res.dv[g * Hk * Dv + i] = dv.get(pb.dtype, r * Hk * Dv + i);
         for (int h = 0; h < H; ++h) res.lse[(size_t)h * T + g] = lse[(size_t)h * n + r];
+        for (int hb = 0; hb < Hb; ++hb) res.dbias[(size_t)hb * T + g] = ldbias[(size_t)hb * n + r];
     }
 }
 
@@ -161,6 +178,7 @@ static Result blank(const Problem &pb, float fill)
     res.dq.assign(T * pb.H * pb.D, fill);
     res.dk.assign(T * pb.Hkv * pb.D, fill);
     res.dv.assign(T * pb.Hkv * pb.Dv, fill);
+    res.dbias.assign(T * (size_t)pb.key_bias_heads, fill);
     return res;
 }
 

@@ -19,6 +19,13 @@ struct Problem {
     int causal = 0, wl = -1, wr = -1;
     float softcap = 0.0f;
     std::vector<float> alibi;
+    // Dynamic mask attention (SPEC 6): key_bias_heads = H_b (0: none), keep_k, and the global
+    // bias [H_b, T] (float32; fill() draws it from N(0, bias_sigma) when H_b > 0, after every
+    // other input, and a test may overwrite it afterwards). Each rank is given the bias columns
+    // of its own tokens, [H_b, T_local], in local token order, like its K rows.
+    int key_bias_heads = 0, keep_k = 0;
+    float bias_sigma = 1.0f;
+    std::vector<float> bias;
     // Global inputs, stored in the problem's dtype (raw elements), packed.
     std::vector<uint16_t> q16, k16, v16, do16;
     std::vector<float> q32, k32, v32, do32;
@@ -30,6 +37,7 @@ struct Problem {
 // Outputs in global order, as float (converted from the dtype).
 struct Result {
     std::vector<float> o, lse, dq, dk, dv;
+    std::vector<float> dbias; // [H_b, T], empty without a bias
     ringattn_status_t status = RINGATTN_SUCCESS;
 };
 

@@ -1,13 +1,17 @@
 // The ring over the threads transport (N ranks as threads), N = 1..8: output, LSE and every
 // gradient equal to the single-rank plan within SPEC 9, for every layout and mask (SPEC 10
-// case 9), ragged varlen batches with sequences shorter than N, GQA, float32 and bfloat16.
+// case 9), ragged varlen batches with sequences shorter than N, GQA, float32 and bfloat16; and
+// with dynamic masks (SPEC 6): a key bias of 1, H_kv or H heads and a top-k selection that is
+// global over each sequence, not per shard.
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "ring/compare.hpp"
 #include "ring/ring_harness.hpp"
+#include "ring/ring_oracle.hpp"
 
 using ringtest::Problem;
 using ringtest::Result;
@@ -20,6 +24,24 @@ struct Mask {
     const char *name;
     int causal, wl, wr;
 };
+
+// Biases rounded to multiples of 1/2: exact ties, within and across shards.
+void quantize_bias(Problem &pb)
+{
+    for (float &b : pb.bias) b = std::round(2 * b) / 2;
+}
+
+// max |ring O - oracle O| / max |oracle O| (global order, both [T, H, D_v]).
+double o_vs_oracle(const Problem &pb, const Result &r)
+{
+    const ratest::AttnConfig c = ringtest::oracle_config(pb);
+    ratest::Dense Q, K, V, dO;
+    ringtest::oracle_inputs(pb, Q, K, V, dO);
+    const ratest::FwdResult f = ratest::oracle_forward(c, Q, K, V);
+    ratest::Dense got(f.O.T, f.O.heads, f.O.dim);
+    for (size_t i = 0; i < got.v.size(); ++i) got.v[i] = r.o[i];
+    return ratest::max_rel_err(got, f.O);
+}
 
 } // namespace
 
@@ -110,4 +132,164 @@ TEST_CASE("a descriptor that differs on one rank fails on every rank, quickly", 
                                        if (rank == 1) d.num_heads = -1;
                                    });
     CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("ring with a key bias and top-k equals the single-rank plan", "[ring][dynamic]")
+{
+    // H = 4, H_kv = 2: H_b cycles through 1, H_kv = 2 and H = 4. keep_k: none, 1, 3, more than
+    // every sequence. The narrow window masks whole shards at larger N. Every fourth problem has
+    // tied biases. Gradients that cancel (keep_k = 1: one key per row) are compared above the
+    // oracle's magnitude floor (compare.hpp).
+    const Mask masks[] = {{"none", 0, -1, -1},       {"causal", 1, -1, -1},
+                          {"window narrow", 1, 5, 0}, {"band both sides", 0, 7, 3},
+                          {"causal+window", 1, 25, -1}};
+    const ringattn_layout_t layouts[] = {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
+                                         RINGATTN_LAYOUT_STRIPED};
+    const int hbs[] = {1, 2, 4};
+    int idx = 0;
+    for (const Mask &m : masks)
+        for (int keep : {0, 1, 3, 1000}) {
+            Problem pb;
+            pb.cu = {0, 97, 98, 101, 101, 160}; // ragged: lengths 97, 1, 3, 0, 59
+            pb.causal = m.causal;
+            pb.wl = m.wl;
+            pb.wr = m.wr;
+            pb.key_bias_heads = hbs[idx % 3];
+            pb.keep_k = keep;
+            pb.fill(1000 + (uint64_t)idx);
+            if (idx % 4 == 3) quantize_bias(pb);
+            ++idx;
+            const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+            const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+            for (ringattn_layout_t layout : layouts)
+                for (int ranks = 1; ranks <= 8; ++ranks) {
+                    INFO("mask " << m.name << ", H_b " << pb.key_bias_heads << ", keep_k " << keep
+                                 << ", layout " << layout << ", ranks " << ranks);
+                    check_same(ringtest::run(pb, ranks, layout), single, RINGATTN_FLOAT32, fl);
+                }
+        }
+}
+
+TEST_CASE("ring with a key bias and top-k in bfloat16", "[ring][dynamic]")
+{
+    int idx = 0;
+    for (const Mask &m : {Mask{"causal", 1, -1, -1}, Mask{"window narrow", 1, 5, 0}})
+        for (int keep : {0, 3}) {
+            Problem pb;
+            pb.dtype = RINGATTN_BFLOAT16;
+            pb.cu = {0, 97, 98, 101, 101, 160};
+            pb.causal = m.causal;
+            pb.wl = m.wl;
+            pb.wr = m.wr;
+            pb.key_bias_heads = idx % 2 ? 2 : 4;
+            pb.keep_k = keep;
+            pb.fill(2000 + (uint64_t)idx++);
+            const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+            const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+            for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED})
+                for (int ranks : {2, 3, 5, 8}) {
+                    INFO("mask " << m.name << ", keep_k " << keep << ", layout " << layout << ", ranks " << ranks);
+                    check_same(ringtest::run(pb, ranks, layout), single, RINGATTN_BFLOAT16, fl);
+                }
+        }
+}
+
+TEST_CASE("ring top-k is global: a row's top keys all live on other ranks' shards", "[ring][dynamic]")
+{
+    // One sequence of 160 tokens, keep_k = 5, five keys with bias 2.0..2.4 and the rest N(0, 0.5).
+    // Variant 0 (no mask): the five are tokens 150..154, on the last rank's shard under the
+    // contiguous layout, so every other rank's rows keep only keys it does not hold. Variant 1
+    // (causal): the five are tokens 0..4, on rank 0. A per-shard top-k would keep 5 keys per
+    // shard, weighing e^-2 or more each: far outside the tolerances (checked: the result
+    // without selection differs by more than 1%).
+    for (int variant = 0; variant < 2; ++variant) {
+        Problem pb;
+        pb.cu = {0, 160};
+        pb.causal = variant;
+        pb.key_bias_heads = variant ? 4 : 1;
+        pb.keep_k = 5;
+        pb.bias_sigma = 0.5f;
+        pb.fill(3000 + (uint64_t)variant);
+        const int first = variant ? 0 : 150;
+        for (int hb = 0; hb < pb.key_bias_heads; ++hb)
+            for (int i = 0; i < 5; ++i) pb.bias[(size_t)(hb * 160 + first + i)] = 2.0f + 0.1f * (float)i;
+        const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+        REQUIRE(single.status == RINGATTN_SUCCESS);
+        CHECK(o_vs_oracle(pb, single) <= 1e-5);
+        Problem all = pb;
+        all.keep_k = 0;
+        CHECK(o_vs_oracle(all, single) > 1e-2); // the selection matters
+        const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+        for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED})
+            for (int ranks : {2, 3, 4, 8}) {
+                INFO("variant " << variant << ", layout " << layout << ", ranks " << ranks);
+                const Result r = ringtest::run(pb, ranks, layout);
+                check_same(r, single, RINGATTN_FLOAT32, fl);
+                if (r.status == RINGATTN_SUCCESS) CHECK(o_vs_oracle(pb, r) <= 1e-5);
+            }
+    }
+}
+
+TEST_CASE("ring with a key bias, softcap, ALiBi, MQA and D_v != D", "[ring][dynamic]")
+{
+    Problem pb;
+    pb.H = 4;
+    pb.Hkv = 1;
+    pb.D = 40;
+    pb.Dv = 24;
+    pb.cu = {0, 70, 131};
+    pb.causal = 1;
+    pb.wl = 30;
+    pb.softcap = 5.0f;
+    pb.alibi = {0.5f, 0.25f, 0.125f, 0.0625f};
+    pb.key_bias_heads = 1; // = H_kv
+    pb.keep_k = 9;
+    pb.fill(78);
+    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+    for (int ranks : {2, 3, 5})
+        for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED}) {
+            INFO("ranks " << ranks << ", layout " << layout);
+            check_same(ringtest::run(pb, ranks, layout), single, RINGATTN_FLOAT32, fl);
+        }
+}
+
+TEST_CASE("ring with dynamic masks is bitwise repeatable", "[ring][dynamic]")
+{
+    Problem pb;
+    pb.cu = {0, 50, 123};
+    pb.causal = 1;
+    pb.key_bias_heads = 2;
+    pb.keep_k = 7;
+    pb.fill(6);
+    const Result a = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
+    const Result b = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
+    REQUIRE(a.status == RINGATTN_SUCCESS);
+    REQUIRE(b.status == RINGATTN_SUCCESS);
+    CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.dq.data(), b.dq.data(), a.dq.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.dbias.data(), b.dbias.data(), a.dbias.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("ring: key_bias_heads or keep_k differing on one rank fails on every rank", "[ring][dynamic]")
+{
+    Problem pb;
+    pb.cu = {0, 64};
+    pb.key_bias_heads = 2;
+    pb.keep_k = 3;
+    pb.fill(10);
+    const std::function<void(int, ringattn_plan_desc_t &)> hooks[] = {
+        [](int rank, ringattn_plan_desc_t &d) { if (rank == 1) d.keep_k = 4; },
+        [](int rank, ringattn_plan_desc_t &d) { if (rank == 2) d.key_bias_heads = 1; },
+        [](int rank, ringattn_plan_desc_t &d) { if (rank == 0) d.keep_k = 0; },
+    };
+    for (const auto &hook : hooks) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Result r = ringtest::run(pb, 3, RINGATTN_LAYOUT_CONTIGUOUS, hook);
+        CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    }
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 namespace ratest {
 
@@ -24,6 +25,8 @@ std::string AttnConfig::describe() const
     s << " causal=" << causal << " window=(" << wl << "," << wr << ") scale=" << scale
       << " softcap=" << softcap << " alibi=" << (alibi.empty() ? "off" : "on")
       << " block=(" << block_q << "," << block_k << ") threads=" << num_threads;
+    if (key_bias_heads != 0 || keep_k != 0)
+        s << " bias_heads=" << key_bias_heads << " keep_k=" << keep_k;
     return s.str();
 }
 
@@ -39,6 +42,36 @@ void key_range(const AttnConfig &cfg, int64_t p, int64_t delta, int64_t Lk, int6
     const int64_t wr = cfg.eff_wr();
     lo = cfg.wl >= 0 ? std::max<int64_t>(0, p + delta - cfg.wl) : 0;
     hi = wr >= 0 ? std::min<int64_t>(Lk - 1, p + delta + wr) : Lk - 1;
+}
+
+void check_bias(const AttnConfig &cfg)
+{
+    if (cfg.keep_k != 0 && !cfg.has_bias())
+        throw std::logic_error("oracle: keep_k needs a key bias");
+    if (!cfg.has_bias()) return;
+    if (cfg.H % cfg.key_bias_heads != 0 || cfg.bias.size() != (size_t)(cfg.key_bias_heads * cfg.Tk()))
+        throw std::logic_error("oracle: key_bias_heads must divide H and bias must hold [H_b, Tk]");
+}
+
+// SPEC 6 selection for one row: keep[pj - lo] for the row's valid keys [lo, hi] (positions in
+// the sequence whose first key is k0), head h. Every valid key is kept without a selection or
+// when the row has at most keep_k valid keys; otherwise the keep_k largest biases, ties to the
+// lower position (a stable sort on the bias, descending, of the keys in position order).
+void select_keys(const AttnConfig &cfg, int h, int64_t k0, int64_t lo, int64_t hi,
+                 std::vector<char> &keep, std::vector<int64_t> &order)
+{
+    const int64_t n = hi >= lo ? hi - lo + 1 : 0;
+    if (cfg.keep_k <= 0 || n <= cfg.keep_k) {
+        keep.assign((size_t)n, 1);
+        return;
+    }
+    keep.assign((size_t)n, 0);
+    order.resize((size_t)n);
+    for (int64_t t = 0; t < n; ++t) order[(size_t)t] = t;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return cfg.bias_at(h, k0 + lo + a) > cfg.bias_at(h, k0 + lo + b);
+    });
+    for (int64_t t = 0; t < cfg.keep_k; ++t) keep[(size_t)order[(size_t)t]] = 1;
 }
 
 // z_raw (before softcap) and s (SPEC 2) in arithmetic R.
@@ -62,6 +95,15 @@ void logit(const AttnConfig &cfg, const R *q, const R *k, int h, int64_t p, int6
     s = z;
 }
 
+// The logit plus the key bias (SPEC 2: added after softcap and ALiBi, not scaled).
+template <class R>
+void logit_b(const AttnConfig &cfg, const R *q, const R *k, int h, int64_t p, int64_t delta,
+             int64_t pj, int64_t j, R scale, R &z_raw, R &s)
+{
+    logit<R>(cfg, q, k, h, p, delta, pj, scale, z_raw, s);
+    if (cfg.has_bias()) s += (R)cfg.bias_at(h, j);
+}
+
 template <class R>
 std::vector<R> to_vec(const Dense &d)
 {
@@ -76,6 +118,9 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
     const int64_t Tq = cfg.Tq();
     const std::vector<R> Q = to_vec<R>(Qd), K = to_vec<R>(Kd), V = to_vec<R>(Vd);
     const R scale = (R)cfg.eff_scale();
+    check_bias(cfg);
+    std::vector<char> keep;
+    std::vector<int64_t> order;
     FwdResult r;
     r.O = Dense(Tq, H, Dv);
     r.lse.assign((size_t)(H * Tq), NEG_INF);
@@ -91,13 +136,15 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 const int hk = h / G;
                 const R *q = &Q[(size_t)(((q0 + p) * H + h) * D)];
                 s.assign(hi >= lo ? (size_t)(hi - lo + 1) : 0, (R)0);
+                select_keys(cfg, h, k0, lo, hi, keep, order);
                 R m = -std::numeric_limits<R>::infinity();
                 bool any = false;
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     if (keys && !(*keys)[(size_t)j]) continue;
+                    if (!keep[(size_t)(pj - lo)]) continue;
                     R zr, sv;
-                    logit<R>(cfg, q, &K[(size_t)((j * Hkv + hk) * D)], h, p, delta, pj, scale, zr, sv);
+                    logit_b<R>(cfg, q, &K[(size_t)((j * Hkv + hk) * D)], h, p, delta, pj, j, scale, zr, sv);
                     s[(size_t)(pj - lo)] = sv;
                     m = any ? std::max(m, sv) : sv;
                     any = true;
@@ -108,6 +155,7 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     if (keys && !(*keys)[(size_t)j]) continue;
+                    if (!keep[(size_t)(pj - lo)]) continue;
                     const R pr = std::exp(s[(size_t)(pj - lo)] - m);
                     l += pr;
                     const R *v = &V[(size_t)((j * Hkv + hk) * Dv)];
@@ -136,6 +184,11 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
     const R scale = (R)cfg.eff_scale();
     std::vector<R> dQ((size_t)(Tq * H * D), 0), dK((size_t)(Tk * Hkv * D), 0),
         dV((size_t)(Tk * Hkv * Dv), 0);
+    check_bias(cfg);
+    const int Hb = cfg.key_bias_heads;
+    std::vector<R> dB((size_t)(Hb * Tk), 0);
+    std::vector<char> keep;
+    std::vector<int64_t> order;
     const std::vector<int32_t> &cuk = cfg.cuk();
     for (int sq = 0; sq < cfg.num_seqs(); ++sq) {
         const int64_t q0 = cfg.cu_q[sq], Lq = cfg.cu_q[sq + 1] - q0;
@@ -148,6 +201,8 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 if (lse_i == NEG_INF) continue; // no allowed key: contributes nothing, dQ = 0
                 const R lse = (R)lse_i;
                 const int hk = h / G;
+                const size_t bi = Hb ? (size_t)(cfg.bias_head(h) * Tk) : 0;
+                select_keys(cfg, h, k0, lo, hi, keep, order);
                 const size_t qi = (size_t)(((q0 + p) * H + h) * D);
                 const size_t oi = (size_t)(((q0 + p) * H + h) * Dv);
                 R Di = 0;
@@ -157,8 +212,9 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                     const int64_t j = k0 + pj;
                     const size_t ki = (size_t)((j * Hkv + hk) * D);
                     const size_t vi = (size_t)((j * Hkv + hk) * Dv);
+                    if (!keep[(size_t)(pj - lo)]) continue; // not selected: P = 0
                     R zr, sv;
-                    logit<R>(cfg, &Q[qi], &K[ki], h, p, delta, pj, scale, zr, sv);
+                    logit_b<R>(cfg, &Q[qi], &K[ki], h, p, delta, pj, j, scale, zr, sv);
                     const R P = std::exp(sv - lse);
                     R dP = 0;
                     if (magnitude) { // the same sums over |terms| (see oracle.hpp)
@@ -167,6 +223,7 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                             dP += std::fabs(dO[oi + c] * V[vi + c]);
                         }
                         R dZ = P * (dP + Di);
+                        if (Hb) dB[bi + (size_t)j] += dZ; // |dS|, before the softcap derivative
                         if (cfg.softcap > 0) {
                             const R t = std::tanh(zr / (R)cfg.softcap);
                             dZ *= 1 - t * t;
@@ -182,6 +239,7 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                         dP += dO[oi + c] * V[vi + c];
                     }
                     const R dS = P * (dP - Di);
+                    if (Hb) dB[bi + (size_t)j] += dS; // SPEC 7: dBias sums dS, not dZ
                     R dZ = dS;
                     if (cfg.softcap > 0) {
                         const R t = std::tanh(zr / (R)cfg.softcap);
@@ -206,10 +264,34 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
     out(r.dQ, dQ);
     out(r.dK, dK);
     out(r.dV, dV);
+    if (Hb) { // float32 storage whatever the dtype: no rounding beyond R's own
+        r.dBias = Dense(Hb, 1, Tk);
+        for (size_t i = 0; i < dB.size(); ++i) r.dBias.v[i] = (double)dB[i];
+    }
     return r;
 }
 
 } // namespace
+
+std::vector<int64_t> oracle_kept_keys(const AttnConfig &cfg, int64_t i, int h)
+{
+    check_bias(cfg);
+    std::vector<int64_t> out;
+    const std::vector<int32_t> &cuk = cfg.cuk();
+    for (int sq = 0; sq < cfg.num_seqs(); ++sq) {
+        const int64_t q0 = cfg.cu_q[sq], Lq = cfg.cu_q[sq + 1] - q0;
+        if (i < q0 || i >= q0 + Lq) continue;
+        const int64_t k0 = cuk[sq], Lk = cuk[sq + 1] - k0;
+        int64_t lo, hi;
+        key_range(cfg, i - q0, Lk - Lq, Lk, lo, hi);
+        std::vector<char> keep;
+        std::vector<int64_t> order;
+        select_keys(cfg, h, k0, lo, hi, keep, order);
+        for (int64_t pj = lo; pj <= hi; ++pj)
+            if (keep[(size_t)(pj - lo)]) out.push_back(k0 + pj);
+    }
+    return out;
+}
 
 FwdResult oracle_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                          const KeyFilter *keys)

@@ -25,6 +25,12 @@ struct AttnConfig {
     std::vector<float> alibi; // empty: no ALiBi, else [H]
     int block_q = 0, block_k = 0, num_threads = 0;
     ringattn_layout_t layout = RINGATTN_LAYOUT_CONTIGUOUS; // only meaningful with a comm (SPEC 8)
+    // Dynamic mask attention (SPEC 6): key_bias_heads = H_b (0: no bias; else 1, Hkv or H),
+    // keep_k (0: no selection) and the bias itself, [H_b, Tk] row-major: bias[hb * Tk + j]. The
+    // values are doubles so that finite differences can perturb them; the library is given them
+    // as float32 (Problem rounds them first, so the oracle sees exactly what the library sees).
+    int key_bias_heads = 0, keep_k = 0;
+    std::vector<double> bias;
 
     int hkv() const { return Hkv ? Hkv : H; }
     int dv() const { return Dv ? Dv : D; }
@@ -34,6 +40,9 @@ struct AttnConfig {
     int64_t Tk() const { return cuk().empty() ? 0 : cuk().back(); }
     double eff_scale() const;
     int eff_wr() const { return causal ? 0 : wr; }
+    bool has_bias() const { return key_bias_heads > 0; }
+    int bias_head(int h) const { return h / (H / key_bias_heads); } // query head -> bias head
+    double bias_at(int h, int64_t j) const { return bias[(size_t)(bias_head(h) * Tk() + j)]; }
     std::string describe() const;
 };
 
@@ -47,11 +56,18 @@ struct FwdResult {
 
 struct BwdResult {
     Dense dQ, dK, dV;
+    Dense dBias; // Dense(H_b, 1, Tk): v[hb * Tk + j]; empty (no elements) without a bias
 };
 
 // SPEC 2-4 in float64 on dense inputs (Q [Tq,H,D], K [Tk,Hkv,D], V [Tk,Hkv,Dv]).
 FwdResult oracle_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                          const KeyFilter *keys = nullptr);
+// SPEC 6: the global key indices that query token `i` (global index into cu_q) of head `h` keeps:
+// its valid keys (SPEC 3) when keep_k = 0 or it has at most keep_k of them, else the keep_k of
+// largest bias, ties to the lower position. Sorted ascending. (The forward and backward below
+// use the same selection.)
+std::vector<int64_t> oracle_kept_keys(const AttnConfig &cfg, int64_t i, int h);
+
 // SPEC 7 in float64, from the given O and LSE (normally the oracle's own).
 BwdResult oracle_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                           const Dense &O, const std::vector<double> &lse, const Dense &dO);
@@ -65,7 +81,8 @@ BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const
 
 // The plain same-precision implementation of SPEC 9: dense softmax over the stored (already
 // rounded) inputs with float32 arithmetic and accumulation; O, dQ, dK, dV rounded to cfg.dtype at
-// the end, LSE kept in float32. Its backward uses its own rounded O and float32 LSE.
+// the end, LSE kept in float32, dBias float32 (its storage type in every dtype). Its backward uses
+// its own rounded O and float32 LSE.
 FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V);
 BwdResult plain_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                          const Dense &O, const std::vector<double> &lse, const Dense &dO);

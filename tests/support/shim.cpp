@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,8 @@ ringattn_plan_desc_t make_desc(const AttnConfig &cfg)
     d.softmax_scale = cfg.scale;
     d.softcap = cfg.softcap;
     d.alibi_slopes = cfg.alibi.empty() ? nullptr : cfg.alibi.data();
+    d.key_bias_heads = cfg.key_bias_heads;
+    d.keep_k = cfg.keep_k;
     d.block_q = cfg.block_q;
     d.block_k = cfg.block_k;
     d.num_threads = cfg.num_threads;
@@ -50,7 +53,9 @@ void Plan::reset()
     st_ = RINGATTN_ERR_INTERNAL;
 }
 
-Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk) : cfg(c)
+Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk,
+                 double sigma_bias)
+    : cfg(c)
 {
     const ringattn_dtype_t dt = cfg.dtype;
     const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv();
@@ -92,6 +97,35 @@ Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double s
     fill_normal(v, rng, 1.0);
     fill_normal(dout, rng, 1.0);
     lse.assign((size_t)std::max<int64_t>(1, H * Tq), NAN);
+    // (drawn after everything else, so problems without a bias see the same random inputs as
+    // before biases existed)
+    std::vector<double> b = cfg.bias;
+    if (cfg.key_bias_heads > 0 && b.size() != bias_elems()) {
+        std::normal_distribution<double> nd(0.0, sigma_bias);
+        b.resize(bias_elems());
+        for (double &x : b) x = nd(rng);
+    }
+    set_bias(cfg.key_bias_heads > 0 ? b : std::vector<double>());
+}
+
+void Problem::set_bias(const std::vector<double> &b)
+{
+    const size_t n = b.size();
+    cfg.bias.resize(n);
+    bias_buf.assign(n + BIAS_GUARD, NAN);
+    for (size_t i = 0; i < n; ++i) {
+        bias_buf[i] = (float)b[i];
+        cfg.bias[i] = (double)bias_buf[i];
+    }
+    dbias_buf.assign(n + BIAS_GUARD, DBIAS_SENTINEL);
+    std::fill(dbias_buf.begin(), dbias_buf.begin() + (ptrdiff_t)n, NAN);
+}
+
+Dense Problem::dbias_dense() const
+{
+    Dense d(cfg.key_bias_heads, 1, cfg.Tk());
+    for (size_t i = 0; i < d.v.size(); ++i) d.v[i] = dbias_buf[i];
+    return d;
 }
 
 ringattn_tensors_t Problem::tensors()
@@ -108,6 +142,8 @@ ringattn_tensors_t Problem::tensors()
     t.dq = dq.desc();
     t.dk = dk.desc();
     t.dv = dv.desc();
+    t.key_bias = cfg.key_bias_heads > 0 ? bias_buf.data() : nullptr;
+    t.dbias = cfg.key_bias_heads > 0 && want_dbias ? dbias_buf.data() : nullptr;
     return t;
 }
 
@@ -122,6 +158,8 @@ void Problem::poison_backward_outputs()
     dq.poison();
     dk.poison();
     dv.poison();
+    const size_t n = std::min(bias_elems(), dbias_buf.size());
+    std::fill(dbias_buf.begin(), dbias_buf.begin() + (ptrdiff_t)n, NAN);
 }
 
 ringattn_status_t run_forward(const Plan &plan, Problem &pb)
@@ -260,6 +298,15 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
         CHECK(err <= limit);
     };
 
+    // the bias buffer is what cfg.bias says (a test that edits cfg.bias must use set_bias)
+    const bool with_bias = cfg.key_bias_heads > 0;
+    REQUIRE(pb.bias_buf.size() == pb.bias_elems() + Problem::BIAS_GUARD);
+    for (size_t i = 0; i < pb.bias_elems(); ++i) REQUIRE((double)pb.bias_buf[i] == cfg.bias[i]);
+    const std::vector<float> bias_before = pb.bias_buf;
+    auto bias_unchanged = [&] {
+        return std::memcmp(bias_before.data(), pb.bias_buf.data(), bias_before.size() * sizeof(float)) == 0;
+    };
+
     const Snaps in_snap = take({&pb.q, &pb.k, &pb.v, &pb.dout});
     pb.poison_forward_outputs();
     const Snaps o_snap = take({&pb.o});
@@ -269,6 +316,7 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
     if (st != RINGATTN_SUCCESS) return false;
     CK(padding_ok(o_snap));
     CK(whole_buffers_unchanged(in_snap));
+    CK(bias_unchanged());
 
     const Dense Q = pb.q.to_dense(), K = pb.k.to_dense(), V = pb.v.to_dense(),
                 dO = pb.dout.to_dense();
@@ -318,6 +366,7 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
     if (st != RINGATTN_SUCCESS) return false;
     CK(padding_ok(g_snap));
     CK(whole_buffers_unchanged(in2));
+    CK(bias_unchanged());
     CK(std::memcmp(lse_before.data(), pb.lse.data(), lse_before.size() * sizeof(float)) == 0);
 
     const bool dq_nf = pb.dq.any_nonfinite(), dk_nf = pb.dk.any_nonfinite(),
@@ -339,13 +388,15 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
     INFO("normwise relative errors without the cancellation floor: dq "
          << norm_rel_err(pb.dq.to_dense(), gref.dQ) << " dk " << norm_rel_err(pb.dk.to_dense(), gref.dK)
          << " dv " << norm_rel_err(pb.dv.to_dense(), gref.dV));
+    BwdResult gp; // the plain same-precision implementation's gradients (half dtypes)
+    if (!f32)
+        gp = from_lib ? plain_backward(cfg, Q, K, V, O, lse_cmp, dO)
+                      : plain_backward(cfg, Q, K, V, plain.O, plain.lse, dO);
     if (f32) {
         within("dQ", err_dq, TOL_GRAD_F32);
         within("dK", err_dk, TOL_GRAD_F32);
         within("dV", err_dv, TOL_GRAD_F32);
     } else {
-        const BwdResult gp = from_lib ? plain_backward(cfg, Q, K, V, O, lse_cmp, dO)
-                                      : plain_backward(cfg, Q, K, V, plain.O, plain.lse, dO);
         const double p_dq = grad_err(gp.dQ, gref.dQ, gmag.dQ), p_dk = grad_err(gp.dK, gref.dK, gmag.dK),
                      p_dv = grad_err(gp.dV, gref.dV, gmag.dV);
         within("dQ", err_dq, 2 * p_dq + HALF_GRAD_FLOOR);
@@ -353,13 +404,39 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
         within("dV", err_dv, 2 * p_dv + HALF_GRAD_FLOOR);
     }
 
+    const bool check_dbias = with_bias && pb.want_dbias;
+    if (check_dbias) {
+        const size_t n = pb.bias_elems();
+        bool guard_ok = true, finite = true;
+        for (size_t i = n; i < pb.dbias_buf.size(); ++i)
+            guard_ok = guard_ok && pb.dbias_buf[i] == Problem::DBIAS_SENTINEL;
+        for (size_t i = 0; i < n; ++i) finite = finite && std::isfinite(pb.dbias_buf[i]);
+        CK(guard_ok);
+        CK(finite);
+        const Dense dB = pb.dbias_dense();
+        // Keys that no query keeps (every term of their sum is exactly 0): dBias exactly 0.
+        int64_t unseen_nonzero = 0;
+        for (size_t i = 0; i < n; ++i)
+            unseen_nonzero += gmag.dBias.v[i] == 0.0 && dB.v[i] != 0.0;
+        CK(unseen_nonzero == 0);
+        const double err_db = grad_err(dB, gref.dBias, gmag.dBias);
+        INFO("dBias normwise relative error without the floor " << norm_rel_err(dB, gref.dBias));
+        if (f32) {
+            within("dB", err_db, TOL_GRAD_F32);
+        } else {
+            within("dB", err_db, 2 * grad_err(gp.dBias, gref.dBias, gmag.dBias) + HALF_GRAD_FLOOR);
+        }
+    }
+
     if (opt.check_determinism) {
         const auto a = view_bits(pb.dq), b = view_bits(pb.dk), c = view_bits(pb.dv);
+        const std::vector<float> db = pb.dbias_buf;
         pb.poison_backward_outputs();
         CK(run_backward(plan, pb) == RINGATTN_SUCCESS);
         CK(view_bits(pb.dq) == a);
         CK(view_bits(pb.dk) == b);
         CK(view_bits(pb.dv) == c);
+        CK(std::memcmp(db.data(), pb.dbias_buf.data(), db.size() * sizeof(float)) == 0);
     }
     return ok;
 }

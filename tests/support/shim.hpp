@@ -45,12 +45,27 @@ struct Problem {
     AttnConfig cfg;
     TView q, k, v, o, dout, dq, dk, dv;
     std::vector<float> lse; // [H, Tq]
+    // Key bias (SPEC 6), when cfg.key_bias_heads > 0, as the library sees it: bias_buf holds the
+    // H_b * Tk float32 values of cfg.bias followed by BIAS_GUARD NaNs (a read past the end
+    // poisons the result); dbias_buf holds H_b * Tk outputs followed by BIAS_GUARD sentinels
+    // that must stay as they are. Without a bias both hold only their guards.
+    static constexpr size_t BIAS_GUARD = 16;
+    static constexpr float DBIAS_SENTINEL = 12345.5f;
+    std::vector<float> bias_buf, dbias_buf;
+    bool want_dbias = true; // false: tensors().dbias = NULL (not wanted)
 
-    Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk = 1.0);
+    // A bias of cfg.key_bias_heads heads is drawn from N(0, sigma_bias) unless cfg.bias already
+    // holds [H_b * Tk] values (then those are used, rounded to float32).
+    Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk = 1.0,
+            double sigma_bias = 1.0);
     ringattn_tensors_t tensors();
     void poison_forward_outputs();  // O and LSE := NaN
-    void poison_backward_outputs(); // dQ, dK, dV := NaN
+    void poison_backward_outputs(); // dQ, dK, dV, dBias := NaN
     std::vector<double> lse_d() const { return std::vector<double>(lse.begin(), lse.end()); }
+    // Replace the bias ([H_b * Tk] values): rounded to float32 into cfg.bias and bias_buf.
+    void set_bias(const std::vector<double> &b);
+    size_t bias_elems() const { return (size_t)(cfg.key_bias_heads * cfg.Tk()); }
+    Dense dbias_dense() const; // Dense(H_b, 1, Tk) of the library's dBias
 };
 
 ringattn_status_t run_forward(const Plan &plan, Problem &pb);

@@ -1,7 +1,7 @@
 // SPEC 10 case 8: finite differences in float64. The float64 oracle's backward (SPEC 7) is checked
 // against central differences of the oracle's forward for L = sum(O * G), then the library's
 // float32 gradients are checked against that validated oracle backward (SPEC 9: 1e-4 normwise).
-// dBias is not covered: key bias / dynamic masks (SPEC 6) are not implemented by the library yet.
+// dBias (dynamic masks, SPEC 6) is covered the same way in test_dynamic_mask.cpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -3,6 +3,7 @@
 // byte for byte with a copy).
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -80,8 +81,15 @@ TEST_CASE("plan_create rejects bad descriptors with their specific status", "[va
         {"scale inf", IA, [](auto &d, auto &, auto &) { d.softmax_scale = INFINITY; }},
         {"scale negative", IA, [](auto &d, auto &, auto &) { d.softmax_scale = -0.5f; }},
         {"ALiBi slope NaN", IA, [](auto &d, auto &, auto &) { d.alibi_slopes = nan_slopes; }},
-        {"keep_k != 0", UN, [](auto &d, auto &, auto &) { d.keep_k = 4; }},
-        {"key_bias_heads != 0", UN, [](auto &d, auto &, auto &) { d.key_bias_heads = 1; }},
+        // dynamic masks (SPEC 6): H = 4, H_kv = 2, so H_b must be 0, 1, 2 or 4
+        {"keep_k > 0 without a key bias", IA, [](auto &d, auto &, auto &) { d.keep_k = 4; }},
+        {"keep_k negative", IA, [](auto &d, auto &, auto &) { d.keep_k = -1; }},
+        {"keep_k negative with a bias", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = 1, d.keep_k = -3; }},
+        {"key_bias_heads 3 (not 1, H_kv or H)", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = 3; }},
+        {"key_bias_heads 3 with keep_k", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = 3, d.keep_k = 2; }},
+        {"key_bias_heads 8 (> H)", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = 8; }},
+        {"key_bias_heads negative", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = -1; }},
+        {"key_bias_heads INT_MIN", IA, [](auto &d, auto &, auto &) { d.key_bias_heads = INT_MIN; }},
         {"block_q negative", IA, [](auto &d, auto &, auto &) { d.block_q = -1; }},
         {"block_k negative", IA, [](auto &d, auto &, auto &) { d.block_k = -16; }},
         {"num_threads negative", IA, [](auto &d, auto &, auto &) { d.num_threads = -1; }},
@@ -136,6 +144,16 @@ TEST_CASE("plan_create accepts the edges of the valid ranges", "[validation]")
         [](AttnConfig &c) { c.cu_q = {0, 0, 0}, c.cu_k = {0, 0, 5}; },
         [](AttnConfig &c) { c.block_q = 1, c.block_k = 1; },
         [](AttnConfig &c) { c.block_q = 512, c.block_k = 512; },
+        // key bias heads 1, H_kv and H, with and without top-k (SPEC 6)
+        [](AttnConfig &c) { c.key_bias_heads = 1; },
+        [](AttnConfig &c) { c.key_bias_heads = 2; },
+        [](AttnConfig &c) { c.key_bias_heads = 4; },
+        [](AttnConfig &c) { c.key_bias_heads = 1, c.keep_k = 1; },
+        [](AttnConfig &c) { c.key_bias_heads = 2, c.keep_k = 1 << 30; },
+        [](AttnConfig &c) { c.key_bias_heads = 4, c.keep_k = INT_MAX; },
+        [](AttnConfig &c) { c.Hkv = 0, c.key_bias_heads = 4, c.keep_k = 3; }, // H_kv = 0 means H
+        [](AttnConfig &c) { c.Hkv = 1, c.key_bias_heads = 1, c.keep_k = 3; },
+        [](AttnConfig &c) { c.key_bias_heads = 2, c.cu_q = {0}, c.cu_k = {0}; },
     };
     int i = 0;
     for (const auto &e : edits) {
@@ -351,4 +369,55 @@ TEST_CASE("merge_partials: num_partials < 1 and a NULL partial LSE", "[validatio
           RINGATTN_SUCCESS);
     CHECK(out[0] == 1.0f);
     CHECK(out_lse[0] == Approx(0.5 + std::log(2.0)).epsilon(1e-6));
+}
+
+TEST_CASE("dynamic masks: a NULL key_bias with a bias on is refused, outputs untouched", "[validation][dynamic]")
+{
+    // A plan with H_b = 2 and keep_k = 3; the call-time check is that tensors.key_bias is given
+    // (forward and backward); dbias = NULL is legal (not wanted).
+    Base b;
+    b.cfg.key_bias_heads = 2;
+    b.cfg.keep_k = 3;
+    std::mt19937_64 rng(seed_for("validation-bias", 0));
+    for (int pass = 0; pass < 2; ++pass)
+        for (int with_dbias = 0; with_dbias < 2; ++with_dbias) {
+            const char *fn = pass ? "ringattn_backward" : "ringattn_forward";
+            Problem pb(b.cfg, Storage::Packed, rng);
+            Plan plan(b.cfg);
+            INFO("plan_create: " << ringattn_last_error());
+            REQUIRE(plan.ok());
+            if (pass) { // a valid forward first: the backward needs O and LSE
+                ringattn_tensors_t t = pb.tensors();
+                REQUIRE(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_SUCCESS);
+            }
+            for (TView *t : {&pb.dq, &pb.dk, &pb.dv})
+                for (int64_t r = 0; r < t->T; ++r)
+                    for (int h = 0; h < t->heads; ++h)
+                        for (int c = 0; c < t->dim; ++c) t->set(r, h, c, 0.25 * c - r + h);
+            for (size_t i = 0; i < pb.dbias_buf.size(); ++i) pb.dbias_buf[i] = 3.0f + (float)i;
+            if (!pass)
+                for (size_t i = 0; i < pb.lse.size(); ++i) pb.lse[i] = -1.0f - (float)i;
+            const std::vector<unsigned char> o0 = pb.o.buf->bytes, dq0 = pb.dq.buf->bytes,
+                                             dk0 = pb.dk.buf->bytes, dv0 = pb.dv.buf->bytes;
+            const std::vector<float> lse0 = pb.lse, db0 = pb.dbias_buf;
+            ringattn_tensors_t t = pb.tensors();
+            t.key_bias = nullptr;
+            if (!with_dbias) t.dbias = nullptr;
+            const ringattn_status_t st = pass ? ringattn_backward(plan.get(), &t, nullptr)
+                                              : ringattn_forward(plan.get(), &t, nullptr);
+            INFO(fn << ", dbias " << (with_dbias ? "given" : "NULL") << ": got "
+                    << ringattn_status_string(st) << " \"" << ringattn_last_error() << "\"");
+            CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
+            CHECK(mentions(fn));
+            CHECK(pb.o.buf->bytes == o0);
+            CHECK(pb.dq.buf->bytes == dq0);
+            CHECK(pb.dk.buf->bytes == dk0);
+            CHECK(pb.dv.buf->bytes == dv0);
+            CHECK(std::memcmp(pb.lse.data(), lse0.data(), lse0.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(pb.dbias_buf.data(), db0.data(), db0.size() * sizeof(float)) == 0);
+            // the same call with the bias given succeeds (the NULL is what was refused)
+            t.key_bias = pb.bias_buf.data();
+            CHECK((pass ? ringattn_backward(plan.get(), &t, nullptr) : ringattn_forward(plan.get(), &t, nullptr)) ==
+                  RINGATTN_SUCCESS);
+        }
 }

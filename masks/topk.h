@@ -1,0 +1,39 @@
+/*
+ * SPEC 6 selection: row i keeps key j iff j is valid (SPEC 3) and among the keep_k valid keys of
+ * largest bias (ties: lower position wins). Ranking the keys of a sequence once by (bias
+ * descending, position ascending) turns this into a per-row threshold (tb, tp): keep j iff
+ * b_j > tb or (b_j == tb and p_j <= tp). Computed exactly in O(L log L) per sequence and bias
+ * head with a Fenwick tree over ranks swept along the rows' valid windows. Internal.
+ */
+#ifndef RINGATTN_MASKS_TOPK_H
+#define RINGATTN_MASKS_TOPK_H
+
+#include <stdint.h>
+
+#include "masks/mask.h"
+
+typedef struct ra_topk_key {
+    float bias;
+    int32_t pos;
+} ra_topk_key;
+
+/* Sorts the n keys of one sequence (bias[p] at position p) into order[] by rank and writes
+   rank[p] (0 = best). */
+void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *rank);
+
+/*
+ * Thresholds of the queries of span q (positions in the same sequence) against its n keys:
+ * thr_b[a], thr_p[a] for query a. A row with at most keep_k valid keys keeps them all
+ * (-inf, INT64_MAX). fen: scratch of n + 1 entries.
+ */
+void ra__topk_thresholds(ra_window w, int64_t delta, const ra_topk_key *order,
+                         const int32_t *rank, int32_t n, int keep_k, const ra_span *q,
+                         int32_t *fen, float *thr_b, int64_t *thr_p);
+
+/* Does row threshold (tb, tp) keep a key of bias b at position p? */
+static inline int ra__topk_keeps(float tb, int64_t tp, float b, int64_t p)
+{
+    return b > tb || (b == tb && p <= tp);
+}
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * SPEC 6 global selection: thresholds of the local queries, each over the keys of its whole
+ * sequence (not per shard), in O(L log L) per sequence and bias head (masks/topk.c). The
+ * buffers are the plan's, made on first use.
+ */
+#include <stdlib.h>
+
+#include "masks/topk.h"
+#include "ring/error.h"
+#include "ring/select.h"
+
+struct ra_select {
+    float *thr_b;
+    int64_t *thr_p;
+    ra_topk_key *order;
+    int32_t *rank, *fen;
+};
+
+void ra__select_free(struct ra_select *s)
+{
+    if (!s) return;
+    free(s->thr_b);
+    free(s->thr_p);
+    free(s->order);
+    free(s->rank);
+    free(s->fen);
+    free(s);
+}
+
+static ringattn_status_t select_make(struct ringattn_plan *p)
+{
+    if (p->select) return RINGATTN_SUCCESS;
+    int32_t longest = 1;
+    for (int s = 0; s < p->num_seqs; ++s)
+        if (p->cu_k[s + 1] - p->cu_k[s] > longest) longest = p->cu_k[s + 1] - p->cu_k[s];
+    const size_t rows = (size_t)p->bias_heads * (size_t)p->q_shard.rows + 1;
+    struct ra_select *s = calloc(1, sizeof *s);
+    if (!s || !(s->thr_b = malloc(rows * sizeof *s->thr_b)) ||
+        !(s->thr_p = malloc(rows * sizeof *s->thr_p)) ||
+        !(s->order = malloc((size_t)longest * sizeof *s->order)) ||
+        !(s->rank = malloc((size_t)longest * sizeof *s->rank)) ||
+        !(s->fen = malloc(((size_t)longest + 1) * sizeof *s->fen))) {
+        ra__select_free(s);
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (top-k selection)");
+    }
+    p->select = s;
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__select_thresholds(struct ringattn_plan *p, const float *global_bias,
+                                        ra_thresholds *out)
+{
+    out->b = NULL;
+    out->p = NULL;
+    if (p->keep_k == 0) return RINGATTN_SUCCESS;
+    RA_TRY(select_make(p));
+    struct ra_select *sel = p->select;
+    const int64_t total_k = p->cu_k[p->num_seqs], rows = p->q_shard.rows;
+    for (int hb = 0; hb < p->bias_heads; ++hb) {
+        for (int s = 0; s < p->num_seqs; ++s) {
+            const int32_t first = p->q_shard.seq_first[s], last = p->q_shard.seq_first[s + 1];
+            if (first == last) continue; /* no local query of this sequence */
+            const int32_t n = p->cu_k[s + 1] - p->cu_k[s];
+            ra__topk_rank(global_bias + hb * total_k + p->cu_k[s], n, sel->order, sel->rank);
+            for (int32_t i = first; i < last; ++i) {
+                const ra_segment *seg = &p->q_shard.segs[i];
+                const int64_t at = hb * rows + seg->row;
+                ra__topk_thresholds(p->window, p->delta[s], sel->order, sel->rank, n, p->keep_k,
+                                    &seg->span, sel->fen, sel->thr_b + at, sel->thr_p + at);
+            }
+        }
+    }
+    out->b = sel->thr_b;
+    out->p = sel->thr_p;
+    return RINGATTN_SUCCESS;
+}

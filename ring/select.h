@@ -1,0 +1,22 @@
+/* SPEC 6 global top-k selection for a plan's local queries. Internal. */
+#ifndef RINGATTN_RING_SELECT_H
+#define RINGATTN_RING_SELECT_H
+
+#include "ring/plan.h"
+
+/* Per (bias head, local query row) thresholds, [bias_heads, q rows] each (masks/topk.h). */
+typedef struct ra_thresholds {
+    const float *b;
+    const int64_t *p;
+} ra_thresholds;
+
+/*
+ * The thresholds of every local query row over the keys of its whole sequence. global_bias is
+ * the bias of every key of the batch, [bias_heads, T_k] (in a ring, gathered from all ranks).
+ * With keep_k == 0 there is no selection and both pointers are NULL.
+ */
+ringattn_status_t ra__select_thresholds(struct ringattn_plan *p, const float *global_bias,
+                                        ra_thresholds *out);
+void ra__select_free(struct ra_select *s);
+
+#endif
