@@ -148,7 +148,7 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
     t.dk.data = dk.data();
     t.dv.data = dv.data();
     t.key_bias = Hb > 0 ? lbias.data() : nullptr;
-    t.dbias = Hb > 0 ? ldbias.data() : nullptr;
+    t.dbias = Hb > 0 && pb.want_dbias ? ldbias.data() : nullptr;
     st = ringattn_forward(plan, &t, nullptr);
     if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, nullptr);
     ringattn_plan_destroy(plan);
@@ -165,7 +165,8 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
         for (int i = 0; i < Hk * Dv; ++i)
             res.dv[g * Hk * Dv + i] = dv.get(pb.dtype, r * Hk * Dv + i);
         for (int h = 0; h < H; ++h) res.lse[(size_t)h * T + g] = lse[(size_t)h * n + r];
-        for (int hb = 0; hb < Hb; ++hb) res.dbias[(size_t)hb * T + g] = ldbias[(size_t)hb * n + r];
+        if (pb.want_dbias)
+            for (int hb = 0; hb < Hb; ++hb) res.dbias[(size_t)hb * T + g] = ldbias[(size_t)hb * n + r];
     }
 }
 
@@ -178,7 +179,7 @@ static Result blank(const Problem &pb, float fill)
     res.dq.assign(T * pb.H * pb.D, fill);
     res.dk.assign(T * pb.Hkv * pb.D, fill);
     res.dv.assign(T * pb.Hkv * pb.Dv, fill);
-    res.dbias.assign(T * (size_t)pb.key_bias_heads, fill);
+    res.dbias.assign(pb.want_dbias ? T * (size_t)pb.key_bias_heads : 0, fill);
     return res;
 }
 

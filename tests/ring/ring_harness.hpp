@@ -25,6 +25,7 @@ struct Problem {
     // of its own tokens, [H_b, T_local], in local token order, like its K rows.
     int key_bias_heads = 0, keep_k = 0;
     float bias_sigma = 1.0f;
+    bool want_dbias = true; // false: tensors.dbias = NULL on every rank; Result.dbias stays empty
     std::vector<float> bias;
     // Global inputs, stored in the problem's dtype (raw elements), packed.
     std::vector<uint16_t> q16, k16, v16, do16;

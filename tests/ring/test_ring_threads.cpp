@@ -137,8 +137,8 @@ TEST_CASE("a descriptor that differs on one rank fails on every rank, quickly", 
 TEST_CASE("ring with a key bias and top-k equals the single-rank plan", "[ring][dynamic]")
 {
     // H = 4, H_kv = 2: H_b cycles through 1, H_kv = 2 and H = 4. keep_k: none, 1, 3, more than
-    // every sequence. The narrow window masks whole shards at larger N. Every fourth problem has
-    // tied biases. Gradients that cancel (keep_k = 1: one key per row) are compared above the
+    // every sequence. The narrow window masks whole shards at larger N. Half the problems (each
+    // keep_k with half the masks) have tied biases. Gradients that cancel (keep_k = 1: one key per row) are compared above the
     // oracle's magnitude floor (compare.hpp).
     const Mask masks[] = {{"none", 0, -1, -1},       {"causal", 1, -1, -1},
                           {"window narrow", 1, 5, 0}, {"band both sides", 0, 7, 3},
@@ -157,7 +157,7 @@ TEST_CASE("ring with a key bias and top-k equals the single-rank plan", "[ring][
             pb.key_bias_heads = hbs[idx % 3];
             pb.keep_k = keep;
             pb.fill(1000 + (uint64_t)idx);
-            if (idx % 4 == 3) quantize_bias(pb);
+            if ((idx + idx / 4) % 2 == 1) quantize_bias(pb);
             ++idx;
             const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
             const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
@@ -201,18 +201,21 @@ TEST_CASE("ring top-k is global: a row's top keys all live on other ranks' shard
     // contiguous layout, so every other rank's rows keep only keys it does not hold. Variant 1
     // (causal): the five are tokens 0..4, on rank 0. A per-shard top-k would keep 5 keys per
     // shard, weighing e^-2 or more each: far outside the tolerances (checked: the result
-    // without selection differs by more than 1%).
-    for (int variant = 0; variant < 2; ++variant) {
+    // without selection differs by more than 1%). Variant 2 (causal): every bias equal (signed
+    // zeros), so the tie rule keeps tokens 0..4 in every row, wherever the layout puts them.
+    for (int variant = 0; variant < 3; ++variant) {
         Problem pb;
         pb.cu = {0, 160};
-        pb.causal = variant;
-        pb.key_bias_heads = variant ? 4 : 1;
+        pb.causal = variant != 0;
+        pb.key_bias_heads = variant == 1 ? 4 : variant == 2 ? 2 : 1;
         pb.keep_k = 5;
         pb.bias_sigma = 0.5f;
         pb.fill(3000 + (uint64_t)variant);
         const int first = variant ? 0 : 150;
         for (int hb = 0; hb < pb.key_bias_heads; ++hb)
             for (int i = 0; i < 5; ++i) pb.bias[(size_t)(hb * 160 + first + i)] = 2.0f + 0.1f * (float)i;
+        if (variant == 2) // all equal: +0.0 and -0.0 alternate (equal floats, different bits)
+            for (size_t i = 0; i < pb.bias.size(); ++i) pb.bias[i] = i % 3 ? 0.0f : -0.0f;
         const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
         REQUIRE(single.status == RINGATTN_SUCCESS);
         CHECK(o_vs_oracle(pb, single) <= 1e-5);
@@ -251,6 +254,30 @@ TEST_CASE("ring with a key bias, softcap, ALiBi, MQA and D_v != D", "[ring][dyna
         for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED}) {
             INFO("ranks " << ranks << ", layout " << layout);
             check_same(ringtest::run(pb, ranks, layout), single, RINGATTN_FLOAT32, fl);
+        }
+}
+
+TEST_CASE("ring with a key bias but dBias not wanted (NULL)", "[ring][dynamic]")
+{
+    // dQ, dK, dV as with dBias requested (and as the single-rank plan without it).
+    Problem pb;
+    pb.cu = {0, 97, 98, 101, 101, 160};
+    pb.causal = 1;
+    pb.wl = 40;
+    pb.key_bias_heads = 4;
+    pb.keep_k = 11;
+    pb.fill(79);
+    Problem nodb = pb;
+    nodb.want_dbias = false;
+    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+    for (int ranks : {1, 3, 4})
+        for (auto layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED}) {
+            INFO("ranks " << ranks << ", layout " << layout);
+            Result r = ringtest::run(nodb, ranks, layout);
+            CHECK(r.dbias.empty());
+            r.dbias = single.dbias; // nothing to compare there
+            check_same(r, single, RINGATTN_FLOAT32, fl);
         }
 }
 

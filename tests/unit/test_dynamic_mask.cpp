@@ -200,7 +200,7 @@ TEST_CASE("dynamic mask: random shapes, masks, bias heads and keep_k, float32", 
         o.st = random_storage(rng, c);
         o.sigma_qk = c.softcap > 0 ? 2.5 : 1.0;
         o.sigma_bias = pick(rng, {1, 1, 3});
-        o.quantize = it % 3 == 2;
+        o.quantize = rng() % 3 == 0;
         run_case(c, rng, o);
     }
 }
@@ -243,7 +243,7 @@ TEST_CASE("dynamic mask: every H_b, GQA ratio, keep_k and mask", "[dynamic][fwd]
                     c.block_k = blocks[idx % 5][1];
                     c.num_threads = 1 + idx % 2;
                     CaseOpts o;
-                    o.quantize = idx % 4 == 3;
+                    o.quantize = (idx + idx / 4) % 3 == 2; // every keep_k, mask and H_b
                     run_case(c, rng, o);
                     ++idx;
                 }
@@ -316,6 +316,48 @@ TEST_CASE("dynamic mask: dBias not requested, strides, threads and repeatability
         o.determinism = true;
         run_case(c, rng, o);
     }
+}
+
+TEST_CASE("dynamic mask: top-k under sliding windows with heavy ties, long sequences", "[dynamic][fwd][bwd]")
+{
+    // Each row's valid set slides along the sequence, and the biases take 3 or 4 distinct values:
+    // the keep_k-th largest is nearly always a tie, decided by position, and changes from row
+    // to row. Lengths beyond the default tile; one variant with more keys than queries.
+    struct W {
+        bool causal;
+        int wl, wr;
+    };
+    const W windows[] = {{true, 100, -1}, {false, 50, 20}, {false, -1, 10}, {false, -1, -1}};
+    int idx = 0;
+    for (const W &w : windows)
+        for (int keep : {1, 2, 17, 64, 150}) {
+            std::mt19937_64 rng(seed_for("dyn-ties-long", (uint64_t)idx));
+            AttnConfig c;
+            c.H = 2;
+            c.Hkv = 1;
+            c.D = 16;
+            c.Dv = 8;
+            c.cu_q = cu_from_lengths({500, 37});
+            if (idx % 5 == 4) c.cu_k = cu_from_lengths({530, 90});
+            c.causal = w.causal;
+            c.wl = w.wl;
+            c.wr = w.wr;
+            c.block_q = idx % 2 ? 0 : 32;
+            c.block_k = idx % 2 ? 0 : 7;
+            c.num_threads = 2;
+            c.key_bias_heads = idx % 2 ? 2 : 1;
+            c.keep_k = keep;
+            Problem pb(c, Storage::Packed, rng);
+            const int levels = 3 + idx % 2;
+            std::vector<double> b = pb.cfg.bias;
+            for (double &x : b) x = (double)(rng() % (uint64_t)levels) - 1.0;
+            pb.set_bias(b);
+            Plan plan(c);
+            require_plan(plan);
+            INFO("config: " << c.describe());
+            check_against_oracle(plan, pb);
+            ++idx;
+        }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -637,6 +679,9 @@ TEST_CASE("SPEC 10 case 10: ties go to the lower position", "[dynamic][spec][cas
         {"one above, ties at the boundary", {1, 5, 3, 3, 3, 3, 0}, -1.0, 3, {1, 2, 3}, false},
         {"ties at the boundary, causal", {1, 5, 3, 3, 3, 3, 0}, -1.0, 3, {1, 2, 3}, true},
         {"later ties lose to earlier ones", {0, 0, 2, 0, 2, 0, 2, 2}, 2.0, 4, {2, 4, 6, 7}, false},
+        // -0.0 == +0.0: a tie (an order on the bit patterns would put +0.0 first)
+        {"signed zeros tie", {-0.0, 0.0, -0.0, 0.0, 0.0, -0.0}, 0.0, 3, {0, 1, 2}, false},
+        {"signed zeros tie, causal", {-0.0, -0.0, 0.0, -0.0, 0.0}, -0.0, 2, {0, 1}, true},
     };
     int idx = 0;
     for (const TieCase &tc : cases)
@@ -1018,6 +1063,57 @@ TEST_CASE("dynamic mask: scratch poisoned by NaN inputs changes nothing", "[dyna
         CHECK(got.dv == ref.dv);
         CHECK(same_floats(got.dbias, ref.dbias));
     }
+}
+
+TEST_CASE("dynamic mask: a plan is reusable, backward selects from the bias it is given", "[dynamic][bwd]")
+{
+    // Problems A and B share a plan and differ in their bias (so in their selections). Forward A,
+    // forward B, backward A must equal forward A, backward A bitwise; and a fresh plan's first call
+    // being a backward (O and LSE from elsewhere) must give the same, bitwise: no selection state
+    // carried over from an earlier call.
+    for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16})
+        for (int ring_like = 0; ring_like < 2; ++ring_like) {
+            std::mt19937_64 rng(seed_for("dyn-reuse", (uint64_t)(dt * 2 + ring_like)));
+            AttnConfig c;
+            c.dtype = dt;
+            c.H = 4;
+            c.Hkv = 2;
+            c.D = 32;
+            c.Dv = 16;
+            c.cu_q = {0, 120, 181};
+            c.causal = ring_like != 0;
+            c.block_q = 16;
+            c.block_k = 16;
+            c.key_bias_heads = 2;
+            c.keep_k = 6;
+            Problem a(c, Storage::Packed, rng), b(c, Storage::Packed, rng);
+            Plan plan(c);
+            require_plan(plan);
+            REQUIRE(check_against_oracle(plan, a));
+            const Outputs ref(a);
+            // forward B in between
+            b.poison_forward_outputs();
+            REQUIRE(run_forward(plan, b) == RINGATTN_SUCCESS);
+            a.poison_backward_outputs();
+            REQUIRE(run_backward(plan, a) == RINGATTN_SUCCESS);
+            Outputs got(a);
+            CHECK(got.dq == ref.dq);
+            CHECK(got.dk == ref.dk);
+            CHECK(got.dv == ref.dv);
+            CHECK(same_floats(got.dbias, ref.dbias));
+            // a fresh plan whose first call is this backward
+            Plan fresh(c);
+            require_plan(fresh);
+            a.poison_backward_outputs();
+            REQUIRE(run_backward(fresh, a) == RINGATTN_SUCCESS);
+            got = Outputs(a);
+            CHECK(got.dq == ref.dq);
+            CHECK(got.dk == ref.dk);
+            CHECK(got.dv == ref.dv);
+            CHECK(same_floats(got.dbias, ref.dbias));
+            // and B's forward was B's own
+            REQUIRE(check_against_oracle(plan, b));
+        }
 }
 
 // ------------------------------------------------------------------------------------------
