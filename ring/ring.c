@@ -20,7 +20,8 @@
 struct ra_ring {
     void *kv[2];     /* packed K then V of one shard, plan dtype */
     float *grad[2];  /* packed dK then dV sums of the shard at hand, float32 (backward) */
-    float *own;      /* the finished sums of this rank's own shard */
+    float *own;      /* the sums of this rank's own shard that come back to it */
+    float *home;     /* this rank's own part of them, which never travels */
     float *bias;     /* every key's bias [H_b, T] (global top-k selection only) */
     float *m, *l;    /* forward state [H, rows] */
     float *acc;      /* forward state [rows, H, D_v]; backward dQ sums [rows, H, D] */
@@ -34,6 +35,7 @@ void ra__ring_free(struct ra_ring *ring)
         free(ring->grad[i]);
     }
     free(ring->own);
+    free(ring->home);
     free(ring->bias);
     free(ring->m);
     free(ring->l);
@@ -57,7 +59,8 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
         ok = (g->kv[i] = malloc(kv)) && (g->grad[i] = malloc(grad));
     const size_t bias = p->keep_k ? (size_t)p->bias_heads * (size_t)p->cu_q[p->num_seqs] : 0;
     ok = ok && (g->bias = malloc(bias * sizeof(float) + 1));
-    ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
+    ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) &&
+         (g->home = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
          && (g->acc = malloc(rows * H * dmax * sizeof(float)));
     if (!ok) {
         ra__ring_free(g);
@@ -238,11 +241,18 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
     return st;
 }
 
+/* dst += src over n floats (the owner's part plus what came back: a fixed order). */
+static void add_floats(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 /*
  * Backward: K/V (and bias) travel as in the forward, and behind them the float32 dK/dV/dBias
- * sums of the shard, to which every rank that sees the shard adds its part. Where a shard's
- * journey ends its sums are finished and go straight back to their owner (DESIGN: cut rings
- * return dK/dV directly).
+ * sums of the shard, to which every rank that sees the shard adds its part. The owner's own
+ * part stays at home: the sums start from zero at the next rank. Where a shard's journey ends
+ * its sums are finished and go straight back to their owner (DESIGN: cut rings return dK/dV
+ * directly), who adds its own part.
  */
 ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
 {
@@ -264,10 +274,10 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
     ra_view gk, gv;
     float *gbias;
     pack_own(p, a);
-    memset(g->grad[0], 0, ra__shard_grad_bytes(p, r));
+    memset(g->home, 0, ra__shard_grad_bytes(p, r));
     memset(g->acc, 0, (size_t)rows * H * D * sizeof(float));
     const ra_view dq = {(char *)g->acc, (int64_t)H * D, D, sizeof(float)};
-    void *grads[2] = {g->grad[0], g->grad[1]};
+    void *grads[2] = {g->home, g->grad[1]}; /* step 0 sums into home; then grad[1], grad[0] */
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
         const int src = ra__held_shard(p, r, t), moving = t + 1 < p->num_steps;
@@ -289,18 +299,24 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
             st = p->kops->attend_backward(p, &io);
         }
         if (moving) RA_TRY(p->comm->ops->wait(p->comm, &req));
-        if (t == 0 && p->last_hop[r] == 0) memcpy(g->own, grads[cur], ra__shard_grad_bytes(p, r));
+        if (t == 0) { /* home keeps our part; the shard arriving for step 1 starts from zero */
+            grads[0] = g->grad[0];
+            if (moving) memset(grads[1], 0, ra__shard_grad_bytes(p, ra__held_shard(p, r, 1)));
+            continue;
+        }
         if (moving) RA_TRY(pass_on(p, grads, cur, t, ra__shard_grad_bytes, 3 * t + 1, &greq));
-        /* Journeys ending here: send the held shard's sums home, receive ours. */
-        const size_t home = t > 0 && p->last_hop[src] == t ? ra__shard_grad_bytes(p, src) : 0;
-        const size_t mine = t > 0 && p->last_hop[r] == t ? ra__shard_grad_bytes(p, r) : 0;
-        RA_TRY(p->comm->ops->sendrecv_start(p->comm, grads[cur], home, src, g->own, mine,
+        /* Journeys ending here: send the held shard's sums to its owner, receive ours. */
+        const size_t back = p->last_hop[src] == t ? ra__shard_grad_bytes(p, src) : 0;
+        const size_t mine = p->last_hop[r] == t ? ra__shard_grad_bytes(p, r) : 0;
+        RA_TRY(p->comm->ops->sendrecv_start(p->comm, grads[cur], back, src, g->own, mine,
                                             (r + t) % P, 3 * t + 2, &rreq));
         if (moving) RA_TRY(p->comm->ops->wait(p->comm, &greq));
         RA_TRY(p->comm->ops->wait(p->comm, &rreq));
     }
     RA_TRY(st);
-    packed_views(p, g->own, rows, sizeof(float), &gk, &gv, &gbias);
+    if (p->last_hop[r] > 0)
+        add_floats(g->home, g->own, ra__shard_grad_bytes(p, r) / sizeof(float));
+    packed_views(p, g->home, rows, sizeof(float), &gk, &gv, &gbias);
     copy_rows(&gk, &a->dk, p->dtype, rows, Hk, D);
     copy_rows(&gv, &a->dv, p->dtype, rows, Hk, Dv);
     copy_rows(&dq, &a->dq, p->dtype, rows, H, D);

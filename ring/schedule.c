@@ -45,13 +45,14 @@ static void traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2])
     fwd[0] = fwd[1] = bwd[0] = bwd[1] = 0;
     for (int t = 0; t + 1 < p->num_steps; ++t) {
         const int held = ra__held_shard(p, r, t), next = ra__held_shard(p, prev, t);
+        /* dK/dV sums travel from the first hop on: the owner keeps its own part at home */
         if (ra__moves_on(p, r, t)) {
             fwd[0] += ra__shard_kv_bytes(p, held);
-            bwd[0] += ra__shard_kv_bytes(p, held) + ra__shard_grad_bytes(p, held);
+            bwd[0] += ra__shard_kv_bytes(p, held) + (t > 0 ? ra__shard_grad_bytes(p, held) : 0);
         }
         if (ra__moves_on(p, prev, t)) {
             fwd[1] += ra__shard_kv_bytes(p, next);
-            bwd[1] += ra__shard_kv_bytes(p, next) + ra__shard_grad_bytes(p, next);
+            bwd[1] += ra__shard_kv_bytes(p, next) + (t > 0 ? ra__shard_grad_bytes(p, next) : 0);
         }
     }
     for (int t = 1; t < p->num_steps; ++t) { /* finished dK/dV sums go straight to the owner */
