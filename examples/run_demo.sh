@@ -7,9 +7,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-# The demo: the one line to change when the demo becomes an mpirun ring job, e.g.
-#   demo=(mpirun -n 2 build/examples/ring_attention)
-demo=(build/examples/local_attention)
+# The demo: ring attention over 4 MPI ranks (examples/ring_attention), one thread each. mpirun
+# as root needs --allow-run-as-root, and more ranks than cores need --oversubscribe. The
+# single-rank demo is one line away:
+#   demo=(build/examples/local_attention)
+demo=(mpirun -n 4 --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1
+      build/examples/ring_attention)
 
 options=(-DCMAKE_BUILD_TYPE=Release -DRINGATTN_BUILD_EXAMPLES=ON)
 if [[ "${demo[0]}" == mpirun ]]; then
@@ -34,6 +37,11 @@ if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
             echo "run_demo: OpenBLAS chose Prescott kernels; using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
         fi
     fi
+fi
+# mpirun hands its environment to the ranks it starts on this machine; -x also exports the
+# choice to ranks on other machines.
+if [[ "${demo[0]}" == mpirun && -n "${OPENBLAS_CORETYPE:-}" ]]; then
+    demo=("${demo[0]}" -x OPENBLAS_CORETYPE "${demo[@]:1}")
 fi
 echo "+ ${demo[*]} $*"
 exec "${demo[@]}" "$@"
