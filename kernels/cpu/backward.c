@@ -116,21 +116,14 @@ static void keys_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_th
     ra_key_batch b = ra__batch_of(w);
     const float tmin = ra__tile_min_threshold(dyn, (int)qs->count);
     q_side qd;
-    int loaded = 0;
-    for (int j = 0; j < (int)ks->count; ++j) {
-        if (dyn->bias[j] < tmin) continue;
-        b.row[b.n] = krow + j;
-        b.pos[b.n] = ks->pos + j * ks->stride;
-        b.bias[b.n] = dyn->bias[j];
-        b.slot[b.n++] = j;
-        if (b.n < bk && j + 1 < (int)ks->count) continue;
-        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count);
+    int j = 0, loaded = 0;
+    for (;;) {
+        const int full = ra__batch_fill(&b, bk, ks, krow, dyn->bias, tmin, &j);
+        if (b.n == 0) return;
+        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count); /* once, if needed */
         loaded = 1;
         keys_chunk(p, io, w, qs, &qd, g, h, &b, dyn, dbias);
-    }
-    if (b.n) {
-        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count);
-        keys_chunk(p, io, w, qs, &qd, g, h, &b, dyn, dbias);
+        if (!full) return;
     }
 }
 
@@ -229,13 +222,9 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
         if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
         if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
             const float tmin = ra__tile_min_threshold(use, nq);
-            for (int j = 0; j < nk; ++j) {
-                if (use->bias[j] < tmin) continue;
-                batch.row[batch.n] = krow + j;
-                batch.pos[batch.n] = ks.pos + j * ks.stride;
-                batch.bias[batch.n++] = use->bias[j];
-                if (batch.n == bk) queries_batch(p, io, w, qs, h, &qd, &batch, use);
-            }
+            int j = 0;
+            while (ra__batch_fill(&batch, bk, &ks, krow, use->bias, tmin, &j))
+                queries_batch(p, io, w, qs, h, &qd, &batch, use);
             continue;
         }
         const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);

@@ -121,6 +121,13 @@ static inline ra_key_batch ra__batch_of(ra_thread_ws *w)
     return b;
 }
 
+/*
+ * Appends to b the keys of tile ks (local rows from krow), from index *j on, whose bias reaches
+ * tmin, up to bk keys in b. Returns 1 when b is full (flush it and call again), 0 when the
+ * tile is done.
+ */
+int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
+                   float tmin, int *j);
 /* Lowest threshold over the rows of a query tile (keys below it are kept by no row). */
 float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq);
 /* The batch's rows of head h of v as float32 [n, dim] in buf. */

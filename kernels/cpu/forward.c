@@ -116,13 +116,9 @@ static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra
         if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
         if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
             const float tmin = ra__tile_min_threshold(use, nq);
-            for (int j = 0; j < nk; ++j) {
-                if (use->bias[j] < tmin) continue;
-                batch.row[batch.n] = krow + j;
-                batch.pos[batch.n] = ks.pos + j * ks.stride;
-                batch.bias[batch.n++] = use->bias[j];
-                if (batch.n == bk) forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
-            }
+            int j = 0;
+            while (ra__batch_fill(&batch, bk, &ks, krow, use->bias, tmin, &j))
+                forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
             continue;
         }
         const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);

@@ -79,6 +79,20 @@ static void dynamic_row(float *s, int nk, const struct ra_tile_dyn *dyn, int i, 
         if (!ra__topk_keeps(tb, tp, dyn->bias[j], ks->pos + j * ks->stride)) s[j] = -INFINITY;
 }
 
+int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
+                   float tmin, int *j)
+{
+    for (; *j < (int)ks->count; ++*j) {
+        if (b->n == bk) return 1;
+        if (bias[*j] < tmin) continue;
+        b->row[b->n] = krow + *j;
+        b->pos[b->n] = ks->pos + *j * ks->stride;
+        b->bias[b->n] = bias[*j];
+        b->slot[b->n++] = *j;
+    }
+    return b->n == bk;
+}
+
 float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq)
 {
     float tmin = INFINITY;
