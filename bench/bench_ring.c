@@ -736,8 +736,8 @@ static void run_ring_threads(const problem_t *p, int layout, int P, int threads,
 /* The ring's messages without the compute, in the library's order (ring/ring.c): per step the
    K/V of the held shard to the next rank while it travels on; in the backward then its float32
    dK/dV sums behind it, and the finished sums of a shard whose journey ends here straight back
-   to the owner. Bytes are tallied to compare with ringattn_plan_get_info. Best of reps, slowest
-   rank. */
+   to the owner. The owner keeps its own part of the sums, so they travel from the first hop on.
+   Bytes are tallied to compare with ringattn_plan_get_info. Best of reps, slowest rank. */
 static int held(int P, int r, int t) { return ((r - t) % P + P) % P; }
 
 static void exchange(const void *out, size_t n_out, int to, void *in, size_t n_in, int from,
@@ -759,7 +759,8 @@ static void exchange_pass(const shape_t *s, const ring_map_t *m, int bwd, char *
         if (t + 1 < m->N) exchange(buf[0], out, (r + 1) % P, buf[1], in, prev, 0, rq, &nrq, &tally[0], &tally[1]);
         MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE), nrq = 0;
         if (!bwd) continue;
-        if (t + 1 < m->N) exchange(buf[2], out, (r + 1) % P, buf[3], in, prev, 1, rq, &nrq, &tally[0], &tally[1]);
+        if (t > 0 && t + 1 < m->N)
+            exchange(buf[2], out, (r + 1) % P, buf[3], in, prev, 1, rq, &nrq, &tally[0], &tally[1]);
         const size_t home = t > 0 && m->last_hop[h] == t ? (size_t)kv_bytes(s, m, h) : 0;
         const size_t mine = t > 0 && m->last_hop[r] == t ? (size_t)kv_bytes(s, m, r) : 0;
         exchange(buf[2], home, h, buf[1], mine, (r + t) % P, 2, rq, &nrq, &tally[0], &tally[1]);
