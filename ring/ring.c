@@ -57,7 +57,7 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
     int ok = g != NULL;
     for (int i = 0; ok && i < 2; ++i)
         ok = (g->kv[i] = malloc(kv)) && (g->grad[i] = malloc(grad));
-    const size_t bias = p->keep_k ? (size_t)p->bias_heads * (size_t)p->cu_q[p->num_seqs] : 0;
+    const size_t bias = p->selects ? (size_t)p->bias_heads * (size_t)p->cu_q[p->num_seqs] : 0;
     ok = ok && (g->bias = malloc(bias * sizeof(float) + 1));
     ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) &&
          (g->home = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
@@ -195,7 +195,7 @@ static ra_dyn_io dyn_io(const struct ringattn_plan *p, const float *bias, int64_
 /* Thresholds of the local rows (SPEC 6), over every rank's bias in a ring. */
 static ringattn_status_t thresholds(struct ringattn_plan *p, const ra_args *a, ra_thresholds *thr)
 {
-    if (p->keep_k && p->ranks > 1) {
+    if (p->selects && p->ranks > 1) {
         RA_TRY(gather_bias(p, a));
         return ra__select_thresholds(p, p->ring->bias, thr);
     }

@@ -52,7 +52,7 @@ ringattn_status_t ra__select_thresholds(struct ringattn_plan *p, const float *gl
 {
     out->b = NULL;
     out->p = NULL;
-    if (p->keep_k == 0) return RINGATTN_SUCCESS;
+    if (!p->selects) return RINGATTN_SUCCESS;
     RA_TRY(select_make(p));
     struct ra_select *sel = p->select;
     const int64_t total_k = p->cu_k[p->num_seqs], rows = p->q_shard.rows;

@@ -53,6 +53,7 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, i
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
+    if (dbias && slot) memset(w->dbias_cols, 0, (size_t)nk * sizeof *w->dbias_cols);
     for (int i = 0; i < nq; ++i) {
         float *ps = w->s + (size_t)i * nk, *dz = w->dp + (size_t)i * nk;
         const float lse = w->lse[i], di = w->drow[i];
@@ -67,13 +68,15 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, i
             ps[j] = pij;
             dz[j] = pij * (dz[j] - di);
         }
-        if (dbias)
-            for (int j = 0; j < nk; ++j) dbias[slot ? slot[j] : j] += dz[j];
+        if (dbias) /* gathered keys: summed contiguously, scattered once per batch below */
+            for (int j = 0; j < nk; ++j) (slot ? w->dbias_cols : dbias)[j] += dz[j];
         if (p->softcap > 0.0f) {
             const float *t = w->tanh_s + (size_t)i * nk;
             for (int j = 0; j < nk; ++j) dz[j] *= 1.0f - t[j] * t[j];
         }
     }
+    if (dbias && slot)
+        for (int j = 0; j < nk; ++j) dbias[slot[j]] += w->dbias_cols[j];
 }
 
 /* The softcap's tanh values, kept for its derivative. */

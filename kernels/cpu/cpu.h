@@ -28,6 +28,7 @@ typedef struct ra_thread_ws {
     float *dkb, *dvb;            /* [block_k, D], [block_k, D_v]: its dK, dV (keys pass) */
     int64_t *batch_row, *batch_pos; /* [block_k] (ra_key_batch) */
     float *batch_bias;
+    float *dbias_cols;           /* [block_k] a gathered batch's dBias column sums */
     int32_t *batch_slot;
     float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */

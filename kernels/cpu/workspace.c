@@ -61,12 +61,13 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
                             (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq, bq, bq,
                             bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)bk * d,
                             (size_t)bk * dv, (size_t)bk * d, (size_t)bk * dv, 2 * (size_t)bk,
-                            2 * (size_t)bk, bk, bk};
+                            2 * (size_t)bk, bk, bk, bk};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
                      &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
                      (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
                      &w->vb, &w->dkb, &w->dvb, (float **)&w->batch_row,
-                     (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot};
+                     (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
+                     &w->dbias_cols};
     size_t used = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
         if (base) *dst[i] = base + used;
@@ -85,7 +86,7 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
     ws->block_k = p->block_k ? p->block_k : RA_CPU_DEFAULT_BLOCK_K;
     /* With a top-k selection the keys pass gathers the few kept keys of a longer key tile, so
        that its tile products stay about block_k wide (SPEC 6 sparsity). */
-    ws->keys_block = p->keep_k ? RA_CPU_SELECT_KEYS_TILES * ws->block_k : ws->block_k;
+    ws->keys_block = p->selects ? RA_CPU_SELECT_KEYS_TILES * ws->block_k : ws->block_k;
     const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, ws->keys_block,
                              p->head_dim,
                              p->head_dim_v, p->bias_heads);
