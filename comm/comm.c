@@ -1,4 +1,6 @@
 /* Transport-independent comm entry points: rank/size queries and destruction. */
+#include <stdlib.h>
+
 #include "comm/comm.h"
 #include "ring/error.h"
 #include "ring/registry.h"
@@ -23,4 +25,10 @@ ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm)
              (void *)comm);
     comm->ops->destroy(comm);
     return RINGATTN_SUCCESS;
+}
+
+double ra__comm_timeout_s(void)
+{
+    const char *env = getenv("RINGATTN_COMM_TIMEOUT");
+    return env && atof(env) > 0 ? atof(env) : 60.0;
 }

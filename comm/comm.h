@@ -35,6 +35,9 @@ struct ra_comm_ops {
     void (*destroy)(ringattn_comm_t c);
 };
 
+/* Seconds a wait may take before it is an error (RINGATTN_COMM_TIMEOUT, default 60). */
+double ra__comm_timeout_s(void);
+
 struct ringattn_comm {
     const struct ra_comm_ops *ops;
     int rank, size;

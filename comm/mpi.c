@@ -58,8 +58,7 @@ static ringattn_status_t mpi_test(ringattn_comm_t c, ra_request *req, int *done)
 
 static ringattn_status_t mpi_wait(ringattn_comm_t c, ra_request *req)
 {
-    const char *env = getenv("RINGATTN_COMM_TIMEOUT");
-    const double limit = env && atof(env) > 0 ? atof(env) : 60.0, t0 = MPI_Wtime();
+    const double limit = ra__comm_timeout_s(), t0 = MPI_Wtime();
     int done = 0;
     while (!done) {
         RA_TRY(mpi_test(c, req, &done));

@@ -34,11 +34,9 @@ typedef struct hub {
 
 static struct timespec deadline(void)
 {
-    const char *env = getenv("RINGATTN_COMM_TIMEOUT");
-    const long secs = env && atol(env) > 0 ? atol(env) : 60;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += secs;
+    ts.tv_sec += (time_t)ra__comm_timeout_s();
     return ts;
 }
 

@@ -11,8 +11,7 @@ static void local_index(const struct ringattn_plan *p, int32_t *global_index)
     for (int i = 0; i < p->q_shard.num_segs; ++i) {
         const ra_segment *seg = &p->q_shard.segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j)
-            global_index[seg->row + j] =
-                (int32_t)(p->cu_q[seg->span.seq] + seg->span.pos + j * seg->span.stride);
+            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, p->cu_q, j);
     }
 }
 
@@ -48,7 +47,7 @@ static ringattn_status_t move_rows(const char *fn, ringattn_plan_t p, ringattn_d
     for (int i = 0; i < p->q_shard.num_segs; ++i) {
         const ra_segment *seg = &p->q_shard.segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j) {
-            const int64_t gr = p->cu_q[seg->span.seq] + seg->span.pos + j * seg->span.stride;
+            const int64_t gr = ra__segment_global(seg, p->cu_q, j);
             for (int h = 0; h < heads; ++h) {
                 void *gp = ra__view_at(&g, gr, h), *lp = ra__view_at(&l, seg->row + j, h);
                 memcpy(to_local ? lp : gp, to_local ? gp : lp, (size_t)dim * g.elem);

@@ -189,7 +189,8 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     /* SPEC 6: a row with at most keep_k valid keys keeps them all, so keep_k >= every sequence's
        length is no selection at all, and is computed as such (bitwise as keep_k = 0). */
     for (int s = 0; s < p->num_seqs; ++s)
-        if (p->keep_k > 0 && p->cu_k[s + 1] - p->cu_k[s] > p->keep_k) p->selects = 1;
+        if (p->cu_k[s + 1] - p->cu_k[s] > p->longest_k) p->longest_k = p->cu_k[s + 1] - p->cu_k[s];
+    p->selects = p->keep_k > 0 && p->keep_k < p->longest_k;
     p->block_q = d->block_q;
     p->block_k = d->block_k;
     p->num_threads = d->num_threads;

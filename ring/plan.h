@@ -24,7 +24,8 @@ struct ringattn_plan {
     float scale, softcap;
     float *alibi;             /* owned [num_heads] or NULL */
     int bias_heads, keep_k;   /* SPEC 6 dynamic mask: H_b (0 = no bias), top-k (0 = none) */
-    int selects;              /* keep_k drops keys somewhere: 0 < keep_k < longest sequence */
+    int32_t longest_k;        /* keys of the longest sequence */
+    int selects;              /* keep_k drops keys somewhere: 0 < keep_k < longest_k */
     int block_q, block_k, num_threads;
     /* The ring: a single-rank plan has comm == NULL, ranks == 1, shards == NULL. */
     ringattn_comm_t comm;

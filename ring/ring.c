@@ -141,8 +141,8 @@ static ringattn_status_t gather_bias(struct ringattn_plan *p, const ra_args *a)
             const ra_segment *seg = &sh->segs[i];
             for (int hb = 0; hb < Hb; ++hb)
                 for (int64_t j = 0; j < seg->span.count; ++j)
-                    g->bias[hb * total + p->cu_q[seg->span.seq] + seg->span.pos +
-                            j * seg->span.stride] = src[hb * sh->rows + seg->row + j];
+                    g->bias[hb * total + ra__segment_global(seg, p->cu_q, j)] =
+                        src[hb * sh->rows + seg->row + j];
         }
         if (t + 1 < P) RA_TRY(p->comm->ops->wait(p->comm, &req));
     }

@@ -30,9 +30,7 @@ void ra__select_free(struct ra_select *s)
 static ringattn_status_t select_make(struct ringattn_plan *p)
 {
     if (p->select) return RINGATTN_SUCCESS;
-    int32_t longest = 1;
-    for (int s = 0; s < p->num_seqs; ++s)
-        if (p->cu_k[s + 1] - p->cu_k[s] > longest) longest = p->cu_k[s + 1] - p->cu_k[s];
+    const int32_t longest = p->longest_k;
     const size_t rows = (size_t)p->bias_heads * (size_t)p->q_shard.rows + 1;
     struct ra_select *s = calloc(1, sizeof *s);
     if (!s || !(s->thr_b = malloc(rows * sizeof *s->thr_b)) ||

@@ -23,6 +23,12 @@ typedef struct ra_shard {
     int64_t rows;
 } ra_shard;
 
+/* Index in the packed global batch (boundaries cu) of token j of segment seg. */
+static inline int64_t ra__segment_global(const ra_segment *seg, const int32_t *cu, int64_t j)
+{
+    return cu[seg->span.seq] + seg->span.pos + j * seg->span.stride;
+}
+
 /* The shard of rank r of P under layout (SPEC 8) of the sequences in cu[num_seqs + 1]. With
    P = 1 this is one segment per non-empty sequence at row cu[s]. */
 ringattn_status_t ra__shard_make(ringattn_layout_t layout, int P, int r, const int32_t *cu,

@@ -91,10 +91,7 @@ static void keys_chunk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_th
                        const ra_tile_dyn *dyn, float *dbias)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
-    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
-    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
-    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w),
-                     dyn);
+    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, qd->q, qd->ldq, tanh_buf(p, w), dyn);
     tile_grads(p, w, nq, b->n, qd, w->vb, Dv, dbias, b->slot);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, Dv, nq, 1.0f, w->s, b->n, qd->dout,
                 (int)qd->lddo, 0.0f, w->dvb, Dv);
@@ -193,10 +190,7 @@ static void queries_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     if (b->n == 0) return;
-    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
-    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
-    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w),
-                     dyn);
+    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, qd->q, qd->ldq, tanh_buf(p, w), dyn);
     tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL, NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
                 w->dp, b->n, w->kb, D, 1.0f, w->acc, D);

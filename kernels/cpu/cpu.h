@@ -133,13 +133,14 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
                    float tmin, int *j);
 /* Lowest threshold over the rows of a query tile (keys below it are kept by no row). */
 float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq);
-/* The batch's rows of head h of v as float32 [n, dim] in buf. */
-void ra__batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b, int h, int dim,
-                    float *buf);
-/* ra__tile_logits for a gathered batch: window, ALiBi and top-k per element from positions. */
-void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs, int64_t delta,
-                      const ra_key_batch *b, const float *q, int64_t ldq, const float *k,
-                      float *s, float *tanh_s, const ra_tile_dyn *dyn);
+/*
+ * ra__tile_logits for a gathered batch: gathers its K and V rows of kv head g into w->kb and
+ * w->vb (float32), then writes the logits of query head h into w->s with the window, ALiBi
+ * and top-k checked per element from the keys' positions.
+ */
+void ra__batch_logits(const struct ringattn_plan *p, ra_thread_ws *w, const ra_view *k,
+                      const ra_view *v, int g, int h, const ra_span *qs, const ra_key_batch *b,
+                      const float *q, int64_t ldq, float *tanh_s, const ra_tile_dyn *dyn);
 
 /*
  * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh

@@ -84,11 +84,9 @@ static void forward_batch(const struct ringattn_plan *p, const ra_fwd_io *io, ra
                           const ra_span *qs, const float *q, int64_t ldq, int h, ra_key_batch *b,
                           const ra_tile_dyn *dyn)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    const int Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     if (b->n == 0) return;
-    ra__batch_load(io->k, p->dtype, b, g, D, w->kb);
-    ra__batch_load(io->v, p->dtype, b, g, Dv, w->vb);
-    ra__batch_logits(p, h, qs, p->delta[qs->seq], b, q, ldq, w->kb, w->s, NULL, dyn);
+    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, q, ldq, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f, w->s,
                 b->n, w->vb, Dv, 1.0f, w->acc, Dv);

@@ -100,8 +100,9 @@ float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq)
     return tmin;
 }
 
-void ra__batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b, int h, int dim,
-                    float *buf)
+/* The batch's rows of head h of v as float32 [n, dim] in buf. */
+static void batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b, int h,
+                       int dim, float *buf)
 {
     for (int j = 0; j < b->n; ++j) {
         int64_t ld;
@@ -111,14 +112,18 @@ void ra__batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch *b
     }
 }
 
-void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs, int64_t delta,
-                      const ra_key_batch *b, const float *q, int64_t ldq, const float *k,
-                      float *s, float *tanh_s, const ra_tile_dyn *dyn)
+void ra__batch_logits(const struct ringattn_plan *p, ra_thread_ws *ws, const ra_view *kv,
+                      const ra_view *vv, int g, int h, const ra_span *qs, const ra_key_batch *b,
+                      const float *q, int64_t ldq, float *tanh_s, const ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, n = b->n, D = p->head_dim;
+    const int64_t delta = p->delta[qs->seq];
     const ra_window w = p->window;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, k, D,
-                0.0f, s, n);
+    float *const s = ws->s;
+    batch_load(kv, p->dtype, b, g, D, ws->kb);
+    batch_load(vv, p->dtype, b, g, p->head_dim_v, ws->vb);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, ws->kb,
+                D, 0.0f, s, n);
     for (int i = 0; i < nq; ++i) {
         float *row = s + (size_t)i * n;
         const int64_t qp = qs->pos + i * qs->stride + delta;
