@@ -12,10 +12,15 @@ static int by_rank(const void *a, const void *b)
     return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
-void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *rank)
+void ra__topk_order(const float *bias, int32_t n, ra_topk_key *order)
 {
     for (int32_t p = 0; p < n; ++p) order[p] = (ra_topk_key){bias[p], p};
     qsort(order, (size_t)n, sizeof *order, by_rank);
+}
+
+void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *rank)
+{
+    ra__topk_order(bias, n, order);
     for (int32_t r = 0; r < n; ++r) rank[order[r].pos] = r;
 }
 

@@ -17,8 +17,10 @@ typedef struct ra_topk_key {
     int32_t pos;
 } ra_topk_key;
 
-/* Sorts the n keys of one sequence (bias[p] at position p) into order[] by rank and writes
-   rank[p] (0 = best). */
+/* Sorts n keys (bias[p] at position p) into order[] by rank: bias descending, then position. */
+void ra__topk_order(const float *bias, int32_t n, ra_topk_key *order);
+
+/* ra__topk_order for the keys of one sequence, and rank[p] (0 = best). */
 void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *rank);
 
 /*

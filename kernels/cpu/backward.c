@@ -45,15 +45,13 @@ static q_side load_q_side(const struct ringattn_plan *p, const ra_bwd_io *io, ra
  * SPEC 7 for one tile pair whose logits are in w->s (tanh in w->tanh_s with softcap): w->s
  * becomes P (0 for masked logits and for rows whose LSE marks them empty), w->dp becomes
  * dZ = P * (dP - D_i) times the softcap derivative 1 - tanh^2. dbias, when not NULL, gets the
- * column sums of dS = P * (dP - D_i) added (the bias enters s directly), at slot[j] if given.
+ * column sums of dS = P * (dP - D_i) added (the bias enters s directly).
  */
 static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, int nk,
-                       const q_side *qd, const float *v, int64_t ldv, float *dbias,
-                       const int32_t *slot)
+                       const q_side *qd, const float *v, int64_t ldv, float *dbias)
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
-    if (dbias && slot) memset(w->dbias_cols, 0, (size_t)nk * sizeof *w->dbias_cols);
     for (int i = 0; i < nq; ++i) {
         float *ps = w->s + (size_t)i * nk, *dz = w->dp + (size_t)i * nk;
         const float lse = w->lse[i], di = w->drow[i];
@@ -68,15 +66,14 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, i
             ps[j] = pij;
             dz[j] = pij * (dz[j] - di);
         }
-        if (dbias) /* gathered keys: summed contiguously, scattered once per batch below */
-            for (int j = 0; j < nk; ++j) (slot ? w->dbias_cols : dbias)[j] += dz[j];
+        if (dbias)
+#pragma omp simd
+            for (int j = 0; j < nk; ++j) dbias[j] += dz[j];
         if (p->softcap > 0.0f) {
             const float *t = w->tanh_s + (size_t)i * nk;
             for (int j = 0; j < nk; ++j) dz[j] *= 1.0f - t[j] * t[j];
         }
     }
-    if (dbias && slot)
-        for (int j = 0; j < nk; ++j) dbias[slot[j]] += w->dbias_cols[j];
 }
 
 /* The softcap's tanh values, kept for its derivative. */
@@ -85,45 +82,117 @@ static float *tanh_buf(const struct ringattn_plan *p, ra_thread_ws *w)
     return p->softcap > 0.0f ? w->tanh_s : NULL;
 }
 
-/* dK, dV (and dBias) of a gathered batch of the key tile's keys, added back at their slots. */
-static void keys_chunk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                       const ra_span *qs, const q_side *qd, int g, int h, ra_key_batch *b,
-                       const ra_tile_dyn *dyn, float *dbias)
+/*
+ * dK, dV (and dBias) of the query tile qs of head h, (query side qd), on the keys of tile ks
+ * through the tile walk's current pair: added into w->dk, w->dv (and dbias when not NULL).
+ */
+static void keys_pair(const struct ringattn_plan *p, ra_thread_ws *w, const ra_span *qs,
+                      const ra_span *ks, ra_block_kind kind, const q_side *qd, int h,
+                      const float *k, int64_t ldk, const float *v, int64_t ldv,
+                      const ra_tile_dyn *dyn, float *dbias)
+{
+    const int nq = (int)qs->count, nk = (int)ks->count;
+    ra__tile_logits(p, h, qs, ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd->q,
+                    qd->ldq, k, ldk, w->s, tanh_buf(p, w), dyn);
+    tile_grads(p, w, nq, nk, qd, v, ldv, dbias);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, p->head_dim_v, nq, 1.0f, w->s, nk,
+                qd->dout, (int)qd->lddo, 1.0f, w->dv, p->head_dim_v);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, p->head_dim, nq, p->scale, w->dp, nk,
+                qd->q, (int)qd->ldq, 1.0f, w->dk, p->head_dim);
+}
+
+/* dK, dV and dBias of a slice of the keys pass's sorted key tile, added in sorted order. */
+static void keys_slice(const struct ringattn_plan *p, ra_thread_ws *w, const ra_span *qs,
+                       const q_side *qd, int h, const ra_key_batch *b, int64_t at,
+                       const ra_tile_dyn *dyn, int with_dbias)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
-    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, qd->q, qd->ldq, tanh_buf(p, w), dyn);
-    tile_grads(p, w, nq, b->n, qd, w->vb, Dv, dbias, b->slot);
+    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, w->kb + at * D, w->s, tanh_buf(p, w), dyn);
+    tile_grads(p, w, nq, b->n, qd, w->vb + at * Dv, Dv, with_dbias ? w->dbb + at : NULL);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, Dv, nq, 1.0f, w->s, b->n, qd->dout,
-                (int)qd->lddo, 0.0f, w->dvb, Dv);
+                (int)qd->lddo, 1.0f, w->dvb + at * Dv, Dv);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, D, nq, p->scale, w->dp, b->n,
-                qd->q, (int)qd->ldq, 0.0f, w->dkb, D);
-    for (int j = 0; j < b->n; ++j) {
-        float *dk = w->dk + (size_t)b->slot[j] * D, *dv = w->dv + (size_t)b->slot[j] * Dv;
-        for (int c = 0; c < D; ++c) dk[c] += w->dkb[(size_t)j * D + c];
-        for (int c = 0; c < Dv; ++c) dv[c] += w->dvb[(size_t)j * Dv + c];
+                qd->q, (int)qd->ldq, 1.0f, w->dkb + at * D, D);
+}
+
+/* The key tile ks (local rows from krow) in order of bias, descending: w->order, the batch
+   arrays, and K, V of kv head g in w->kb, w->vb. */
+static ra_key_batch keys_by_bias(const struct ringattn_plan *p, const ra_bwd_io *io,
+                                 ra_thread_ws *w, const ra_span *ks, int64_t krow, int g,
+                                 const float *bias)
+{
+    ra_key_batch all = ra__batch_of(w);
+    ra__topk_order(bias, (int32_t)ks->count, w->order);
+    for (all.n = 0; all.n < (int)ks->count; ++all.n) {
+        const int32_t j = w->order[all.n].pos;
+        all.row[all.n] = krow + j;
+        all.pos[all.n] = (int32_t)(ks->pos + j * ks->stride);
+        all.bias[all.n] = bias[j];
+        all.slot[all.n] = j;
     }
-    b->n = 0;
+    ra__batch_gather(p, io->k, io->v, g, &all, w->kb, w->vb);
+    return all;
+}
+
+/* How many of the n biases (descending) reach t. */
+static int count_reaching(const float *desc, int n, float t)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (desc[mid] >= t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 /*
- * Keys pass with a top-k selection (SPEC 6): only the keys of the tile that some row of the
- * query tile may keep, gathered in batches of up to block_k.
+ * Keys pass with a top-k selection (SPEC 6), for kv head g and the query heads [h0, h1) of its
+ * group that share bias head hb: the key tile is sorted by bias once, so the keys that some row
+ * of a query tile may keep (bias >= its lowest threshold) are a prefix of it, computed in
+ * slices of block_k without gathering per query tile. The sums, kept in sorted order, are
+ * added to the tile's dK, dV (w->dk, w->dv) and dBias row at the end.
  */
-static void keys_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                       const ra_span *qs, int64_t qrow, const ra_span *ks, int64_t krow, int g,
-                       int h, const ra_tile_dyn *dyn, float *dbias, int bk)
+static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                      const ra_span *ks, int64_t krow, int g, int h0, int h1, int hb,
+                      float *dbias, int bq, int bk)
 {
-    ra_key_batch b = ra__batch_of(w);
-    const float tmin = ra__tile_min_threshold(dyn, (int)qs->count);
-    q_side qd;
-    int j = 0, loaded = 0;
-    for (;;) {
-        const int full = ra__batch_fill(&b, bk, ks, krow, dyn->bias, tmin, &j);
-        if (b.n == 0) return;
-        if (!loaded) qd = load_q_side(p, io, w, h, qrow, (int)qs->count); /* once, if needed */
-        loaded = 1;
-        keys_chunk(p, io, w, qs, &qd, g, h, &b, dyn, dbias);
-        if (!full) return;
+    const int D = p->head_dim, Dv = p->head_dim_v, nk = (int)ks->count;
+    const ra_key_batch all = keys_by_bias(p, io, w, ks, krow, g, io->dyn.bias + hb * io->dyn.ld + krow);
+    memset(w->dkb, 0, (size_t)nk * D * sizeof *w->dkb);
+    memset(w->dvb, 0, (size_t)nk * Dv * sizeof *w->dvb);
+    memset(w->dbb, 0, (size_t)nk * sizeof *w->dbb);
+    int used = 0;
+    int64_t qrow;
+    for (int h = h0; h < h1; ++h) {
+        ra_tile_walk walk;
+        ra_span qs;
+        ra_block_kind kind;
+        ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
+        while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
+            const int nq = (int)qs.count;
+            ra_tile_dyn dyn;
+            const ra_tile_dyn *use;
+            if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use))
+                continue;
+            const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(use, nq));
+            if (n == 0) continue;
+            const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+            for (int at = 0; at < n; at += bk) {
+                const ra_key_batch slice = {n - at < bk ? n - at : bk, all.row + at,
+                                            all.pos + at, all.bias + at, all.slot + at};
+                keys_slice(p, w, &qs, &qd, h, &slice, at, use, dbias != NULL);
+            }
+            used = n > used ? n : used;
+        }
+    }
+    for (int j = 0; j < used; ++j) {
+        const int32_t t = all.slot[j];
+        float *restrict dk = w->dk + (size_t)t * D, *restrict dv = w->dv + (size_t)t * Dv;
+        const float *restrict sk = w->dkb + (size_t)j * D, *restrict sv = w->dvb + (size_t)j * Dv;
+        for (int c = 0; c < D; ++c) dk[c] += sk[c];
+        for (int c = 0; c < Dv; ++c) dv[c] += sv[c];
+        if (dbias) dbias[t] += w->dbb[j];
     }
 }
 
@@ -140,37 +209,37 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
     const int per_bias = Hb ? p->num_heads / Hb : 1;
     float *const dbias = io->dyn.dbias ? w->dbias : NULL; /* [H_b, nk] */
     if (dbias) memset(dbias, 0, (size_t)Hb * nk * sizeof *dbias);
-    const int select = io->dyn.thr_b != NULL; /* keys gathered per query tile instead */
+    const int select = io->dyn.thr_b != NULL; /* keys taken in order of bias instead */
     int64_t ldk = 0, ldv = 0, qrow;
     for (int g = g0; g < g1; ++g) {
-        const float *k = select ? NULL : ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-        const float *v = select ? NULL : ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
         memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
         memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
-        for (int h = g * G; h < (g + 1) * G; ++h) {
-            ra_tile_walk walk;
-            ra_span qs;
-            ra_block_kind kind;
-            ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-            while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
-                const int nq = (int)qs.count;
-                ra_tile_dyn dyn;
-                const ra_tile_dyn *use;
-                if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use))
-                    continue;
-                float *db = dbias ? dbias + (size_t)(h / per_bias) * nk : NULL;
-                if (use && use->thr_b) {
-                    keys_batch(p, io, w, &qs, qrow, ks, krow, g, h, use, db, bk);
-                    continue;
+        if (select) {
+            for (int h0 = g * G, h1; h0 < (g + 1) * G; h0 = h1) { /* heads sharing a bias head */
+                const int hb = h0 / per_bias;
+                h1 = (hb + 1) * per_bias < (g + 1) * G ? (hb + 1) * per_bias : (g + 1) * G;
+                keys_topk(p, io, w, ks, krow, g, h0, h1, hb, dbias ? dbias + (size_t)hb * nk : NULL,
+                          bq, bk);
+            }
+        } else {
+            const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
+            const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
+            for (int h = g * G; h < (g + 1) * G; ++h) {
+                ra_tile_walk walk;
+                ra_span qs;
+                ra_block_kind kind;
+                ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
+                while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
+                    const int nq = (int)qs.count;
+                    ra_tile_dyn dyn;
+                    const ra_tile_dyn *use;
+                    if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn,
+                                      &use))
+                        continue;
+                    const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+                    keys_pair(p, w, &qs, ks, kind, &qd, h, k, ldk, v, ldv, use,
+                              dbias ? dbias + (size_t)(h / per_bias) * nk : NULL);
                 }
-                const q_side qd = load_q_side(p, io, w, h, qrow, nq);
-                ra__tile_logits(p, h, &qs, ks, p->delta[qs.seq], kind, w->row_begin, w->row_end,
-                                qd.q, qd.ldq, k, ldk, w->s, tanh_buf(p, w), use);
-                tile_grads(p, w, nq, nk, &qd, v, ldv, db, NULL);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk,
-                            qd.dout, (int)qd.lddo, 1.0f, w->dv, Dv);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp,
-                            nk, qd.q, (int)qd.ldq, 1.0f, w->dk, D);
             }
         }
         ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
@@ -190,8 +259,9 @@ static void queries_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     if (b->n == 0) return;
-    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, qd->q, qd->ldq, tanh_buf(p, w), dyn);
-    tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL, NULL);
+    ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
+    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w), dyn);
+    tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
                 w->dp, b->n, w->kb, D, 1.0f, w->acc, D);
     b->n = 0;
@@ -228,7 +298,7 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
         const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
         ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd.q,
                         qd.ldq, k, ldk, w->s, tanh_buf(p, w), use);
-        tile_grads(p, w, nq, nk, &qd, v, ldv, NULL, NULL);
+        tile_grads(p, w, nq, nk, &qd, v, ldv, NULL);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
                     (int)ldk, 1.0f, w->acc, D);
     }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "masks/mask.h"
+#include "masks/topk.h"
 #include "ring/plan.h"
 #include "ring/tensor.h"
 
@@ -24,12 +25,15 @@ typedef struct ra_thread_ws {
     float *acc;                  /* [block_q, max(D, D_v)]: forward acc, dQ */
     float *dk, *dv;              /* [keys_block, D], [keys_block, D_v]: keys-pass tile sums */
     float *dbias;                /* [H_b, keys_block]: keys-pass dBias sums */
-    float *kb, *vb;              /* [block_k, D], [block_k, D_v]: a gathered batch's K, V */
-    float *dkb, *dvb;            /* [block_k, D], [block_k, D_v]: its dK, dV (keys pass) */
-    int64_t *batch_row, *batch_pos; /* [block_k] (ra_key_batch) */
+    /* a gathered batch (forward, queries pass) or a key tile in bias order (keys pass): */
+    float *kb, *vb;              /* [keys_block, D], [keys_block, D_v]: its K, V */
+    float *dkb, *dvb;            /* [keys_block, D], [keys_block, D_v]: its dK, dV (keys pass) */
+    float *dbb;                  /* [keys_block]: its dBias (keys pass) */
+    int64_t *batch_row;          /* [keys_block] (ra_key_batch) */
+    int32_t *batch_pos;
     float *batch_bias;
-    float *dbias_cols;           /* [block_k] a gathered batch's dBias column sums */
     int32_t *batch_slot;
+    ra_topk_key *order;          /* [keys_block] a key tile sorted by bias (keys pass) */
     float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
 } ra_thread_ws;
@@ -113,7 +117,8 @@ typedef struct ra_tile_dyn {
  */
 typedef struct ra_key_batch {
     int n;
-    int64_t *row, *pos; /* local row in the key shard, position in the sequence */
+    int64_t *row; /* local row in the key shard */
+    int32_t *pos; /* position in the sequence (cu_seqlens are int: it fits) */
     float *bias;        /* the key's bias for the head at hand */
     int32_t *slot;      /* keys pass: index within its key tile */
 } ra_key_batch;
@@ -133,14 +138,17 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
                    float tmin, int *j);
 /* Lowest threshold over the rows of a query tile (keys below it are kept by no row). */
 float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq);
+/* Gathers the batch's K and V rows of kv head g into kb [n, D] and vb [n, D_v] (float32). */
+void ra__batch_gather(const struct ringattn_plan *p, const ra_view *k, const ra_view *v, int g,
+                      const ra_key_batch *b, float *kb, float *vb);
 /*
- * ra__tile_logits for a gathered batch: gathers its K and V rows of kv head g into w->kb and
- * w->vb (float32), then writes the logits of query head h into w->s with the window, ALiBi
- * and top-k checked per element from the keys' positions.
+ * ra__tile_logits for a batch of keys whose K rows are gathered in kb: the logits of query head
+ * h into s [nq, b->n], with the window, ALiBi and top-k checked per element from the keys'
+ * positions.
  */
-void ra__batch_logits(const struct ringattn_plan *p, ra_thread_ws *w, const ra_view *k,
-                      const ra_view *v, int g, int h, const ra_span *qs, const ra_key_batch *b,
-                      const float *q, int64_t ldq, float *tanh_s, const ra_tile_dyn *dyn);
+void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
+                      const ra_key_batch *b, const float *q, int64_t ldq, const float *kb,
+                      float *s, float *tanh_s, const ra_tile_dyn *dyn);
 
 /*
  * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh

@@ -86,7 +86,8 @@ static void forward_batch(const struct ringattn_plan *p, const ra_fwd_io *io, ra
 {
     const int Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     if (b->n == 0) return;
-    ra__batch_logits(p, w, io->k, io->v, g, h, qs, b, q, ldq, NULL, dyn);
+    ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
+    ra__batch_logits(p, h, qs, b, q, ldq, w->kb, w->s, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f, w->s,
                 b->n, w->vb, Dv, 1.0f, w->acc, Dv);

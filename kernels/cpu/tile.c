@@ -1,6 +1,7 @@
 /* Tile loads, stores and logits shared by the CPU forward and backward passes. */
 #include <cblas.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/dtype.h"
@@ -47,6 +48,12 @@ void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64
     }
 }
 
+/* v clamped to the int32 range. */
+static inline int64_t clamp_i32(int64_t v)
+{
+    return v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v);
+}
+
 /* SPEC 2: z = softcap * tanh(z / softcap); the tanh values are the backward's derivative. */
 static void softcap_row(float *s, float *t, int n, float cap)
 {
@@ -86,7 +93,7 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
         if (b->n == bk) return 1;
         if (bias[*j] < tmin) continue;
         b->row[b->n] = krow + *j;
-        b->pos[b->n] = ks->pos + *j * ks->stride;
+        b->pos[b->n] = (int32_t)(ks->pos + *j * ks->stride);
         b->bias[b->n] = bias[*j];
         b->slot[b->n++] = *j;
     }
@@ -107,36 +114,46 @@ static void batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch
     for (int j = 0; j < b->n; ++j) {
         int64_t ld;
         const float *row = ra__tile_load(v, dt, b->row[j], 1, h, dim, buf + (size_t)j * dim, &ld);
-        if (row != buf + (size_t)j * dim)
-            for (int c = 0; c < dim; ++c) buf[(size_t)j * dim + c] = row[c];
+        if (row != buf + (size_t)j * dim) memcpy(buf + (size_t)j * dim, row, dim * sizeof *row);
     }
 }
 
-void ra__batch_logits(const struct ringattn_plan *p, ra_thread_ws *ws, const ra_view *kv,
-                      const ra_view *vv, int g, int h, const ra_span *qs, const ra_key_batch *b,
-                      const float *q, int64_t ldq, float *tanh_s, const ra_tile_dyn *dyn)
+void ra__batch_gather(const struct ringattn_plan *p, const ra_view *k, const ra_view *v, int g,
+                      const ra_key_batch *b, float *kb, float *vb)
+{
+    batch_load(k, p->dtype, b, g, p->head_dim, kb);
+    batch_load(v, p->dtype, b, g, p->head_dim_v, vb);
+}
+
+void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
+                      const ra_key_batch *b, const float *q, int64_t ldq, const float *kb,
+                      float *s, float *tanh_s, const ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, n = b->n, D = p->head_dim;
     const int64_t delta = p->delta[qs->seq];
     const ra_window w = p->window;
-    float *const s = ws->s;
-    batch_load(kv, p->dtype, b, g, D, ws->kb);
-    batch_load(vv, p->dtype, b, g, p->head_dim_v, ws->vb);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, ws->kb,
-                D, 0.0f, s, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, kb, D,
+                0.0f, s, n);
+    const float slope = p->alibi ? p->alibi[h] : 0.0f;
+    const int32_t *restrict pos = b->pos;
+    const float *restrict bias = b->bias;
     for (int i = 0; i < nq; ++i) {
-        float *row = s + (size_t)i * n;
+        float *restrict row = s + (size_t)i * n;
         const int64_t qp = qs->pos + i * qs->stride + delta;
         if (p->softcap > 0.0f)
             softcap_row(row, tanh_s ? tanh_s + (size_t)i * n : NULL, n, p->softcap);
-        const float tb = dyn->thr_b[i], slope = p->alibi ? p->alibi[h] : 0.0f;
-        const int64_t tp = dyn->thr_p[i];
+        if (slope != 0.0f) /* the order of the span path: ALiBi, then bias */
+            for (int j = 0; j < n; ++j) row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
+        /* SPEC 3 window and SPEC 6 threshold as int32 lane compares (positions fit int32) */
+        const int32_t lo = (int32_t)clamp_i32(w.left < 0 ? INT32_MIN : qp - w.left);
+        const int32_t hi = (int32_t)clamp_i32(w.right < 0 ? INT32_MAX : qp + w.right);
+        const int32_t tp = (int32_t)clamp_i32(dyn->thr_p[i]);
+        const float tb = dyn->thr_b[i];
+#pragma omp simd
         for (int j = 0; j < n; ++j) {
-            const int64_t pj = b->pos[j], dist = qp > pj ? qp - pj : pj - qp;
-            row[j] -= slope * (float)dist; /* the order of the span path: ALiBi, then bias */
-            row[j] += b->bias[j];
-            const int seen = (w.left < 0 || pj >= qp - w.left) && (w.right < 0 || pj <= qp + w.right);
-            if (!seen || !ra__topk_keeps(tb, tp, b->bias[j], pj)) row[j] = -INFINITY;
+            const int keep = (bias[j] > tb) | ((bias[j] == tb) & (pos[j] <= tp));
+            const int seen = (pos[j] >= lo) & (pos[j] <= hi);
+            row[j] = keep & seen ? row[j] + bias[j] : -INFINITY;
         }
     }
 }

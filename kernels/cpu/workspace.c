@@ -59,15 +59,15 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
     const size_t sizes[] = {(size_t)bq * d, (size_t)bk * d,  (size_t)bk * dv, (size_t)bq * dv,
                             (size_t)bq * dv, (size_t)bq * bk, (size_t)bq * bk, (size_t)bq * bk,
                             (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq, bq, bq,
-                            bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)bk * d,
-                            (size_t)bk * dv, (size_t)bk * d, (size_t)bk * dv, 2 * (size_t)bk,
-                            2 * (size_t)bk, bk, bk, bk};
+                            bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)kb * d,
+                            (size_t)kb * dv, (size_t)kb * d, (size_t)kb * dv, kb, 2 * (size_t)kb,
+                            kb, kb, kb, 2 * (size_t)kb};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
                      &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
                      (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
-                     &w->vb, &w->dkb, &w->dvb, (float **)&w->batch_row,
+                     &w->vb, &w->dkb, &w->dvb, &w->dbb, (float **)&w->batch_row,
                      (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
-                     &w->dbias_cols};
+                     (float **)&w->order};
     size_t used = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
         if (base) *dst[i] = base + used;
