@@ -101,18 +101,60 @@ static void keys_pair(const struct ringattn_plan *p, ra_thread_ws *w, const ra_s
                 qd->q, (int)qd->ldq, 1.0f, w->dk, p->head_dim);
 }
 
-/* dK, dV and dBias of a slice of the keys pass's sorted key tile, added in sorted order. */
+/*
+ * dK, dV and dBias of a batch of keys (K, V rows in kb, vb) for the query tile qs of head h:
+ * dk = beta * dk + dS^T Q, dv likewise, and dBias column sums added to db (when not NULL).
+ */
 static void keys_slice(const struct ringattn_plan *p, ra_thread_ws *w, const ra_span *qs,
-                       const q_side *qd, int h, const ra_key_batch *b, int64_t at,
-                       const ra_tile_dyn *dyn, int with_dbias)
+                       const q_side *qd, int h, const ra_key_batch *b, const float *kb,
+                       const float *vb, float *dk, float *dv, float *db, float beta,
+                       const ra_tile_dyn *dyn)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
-    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, w->kb + at * D, w->s, tanh_buf(p, w), dyn);
-    tile_grads(p, w, nq, b->n, qd, w->vb + at * Dv, Dv, with_dbias ? w->dbb + at : NULL);
+    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, kb, w->s, tanh_buf(p, w), dyn);
+    tile_grads(p, w, nq, b->n, qd, vb, Dv, db);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, Dv, nq, 1.0f, w->s, b->n, qd->dout,
-                (int)qd->lddo, 1.0f, w->dvb + at * Dv, Dv);
+                (int)qd->lddo, beta, dv, Dv);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, D, nq, p->scale, w->dp, b->n,
-                qd->q, (int)qd->ldq, 1.0f, w->dkb + at * D, D);
+                qd->q, (int)qd->ldq, beta, dk, D);
+}
+
+/*
+ * keys_slice for the first n keys of the sorted tile `all` that query tile qs may see, for a
+ * query tile that sees only slots [lo, hi) of the key tile (near the causal diagonal or a
+ * window's edge): those keys are gathered in batches of up to bk and their sums added back at
+ * their sorted index. (Computing the whole prefix would spend a sixth of the keys pass, at
+ * T = 16K with keep_k = T/8, on keys the query tile cannot see.)
+ */
+static void keys_part(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+                      const ra_span *qs, const q_side *qd, int g, int h, const ra_key_batch *all,
+                      int n, int64_t lo, int64_t hi, const ra_tile_dyn *dyn, int with_dbias,
+                      int bk)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v;
+    ra_key_batch b = {0, w->part_row, w->part_pos, w->part_bias, w->part_slot};
+    for (int j = 0; j < n; ++j) {
+        if (all->slot[j] >= lo && all->slot[j] < hi) {
+            b.row[b.n] = all->row[j];
+            b.pos[b.n] = all->pos[j];
+            b.bias[b.n] = all->bias[j];
+            b.slot[b.n++] = j; /* the sorted index its sums go back to */
+        }
+        if (b.n < bk && (j + 1 < n || b.n == 0)) continue;
+        ra__batch_gather(p, io->k, io->v, g, &b, w->k, w->v);
+        if (with_dbias) memset(w->dbt, 0, (size_t)b.n * sizeof *w->dbt);
+        keys_slice(p, w, qs, qd, h, &b, w->k, w->v, w->dkt, w->dvt, with_dbias ? w->dbt : NULL,
+                   0.0f, dyn);
+        for (int c = 0; c < b.n; ++c) {
+            const int32_t t = b.slot[c];
+            float *restrict dk = w->dkb + (size_t)t * D, *restrict dv = w->dvb + (size_t)t * Dv;
+            const float *restrict sk = w->dkt + (size_t)c * D, *restrict sv = w->dvt + (size_t)c * Dv;
+            for (int e = 0; e < D; ++e) dk[e] += sk[e];
+            for (int e = 0; e < Dv; ++e) dv[e] += sv[e];
+            if (with_dbias) w->dbb[t] += w->dbt[c];
+        }
+        b.n = 0;
+    }
 }
 
 /* The key tile ks (local rows from krow) in order of bias, descending: w->order, the batch
@@ -178,10 +220,18 @@ static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
             const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(use, nq));
             if (n == 0) continue;
             const q_side qd = load_q_side(p, io, w, h, qrow, nq);
-            for (int at = 0; at < n; at += bk) {
-                const ra_key_batch slice = {n - at < bk ? n - at : bk, all.row + at,
-                                            all.pos + at, all.bias + at, all.slot + at};
-                keys_slice(p, w, &qs, &qd, h, &slice, at, use, dbias != NULL);
+            int64_t lo, hi; /* the slots of the key tile that some row of qs may see */
+            ra__key_hull(p->window, p->delta[qs.seq], &qs, ks, &lo, &hi);
+            if (lo > 0 || hi < nk) {
+                keys_part(p, io, w, &qs, &qd, g, h, &all, n, lo, hi, use, dbias != NULL, bk);
+            } else {
+                for (int at = 0; at < n; at += bk) {
+                    const ra_key_batch slice = {n - at < bk ? n - at : bk, all.row + at,
+                                                all.pos + at, all.bias + at, all.slot + at};
+                    keys_slice(p, w, &qs, &qd, h, &slice, w->kb + at * D, w->vb + at * Dv,
+                               w->dkb + at * D, w->dvb + at * Dv, dbias ? w->dbb + at : NULL,
+                               1.0f, use);
+                }
             }
             used = n > used ? n : used;
         }
@@ -254,17 +304,15 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
 
 /* dQ += scale * dZ K over a gathered batch of keys (SPEC 6 selection). */
 static void queries_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, int h, const q_side *qd, ra_key_batch *b,
+                          const ra_span *qs, int h, const q_side *qd, const ra_key_batch *b,
                           const ra_tile_dyn *dyn)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    if (b->n == 0) return;
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
     ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w), dyn);
     tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
                 w->dp, b->n, w->kb, D, 1.0f, w->acc, D);
-    b->n = 0;
 }
 
 /* dQ of the query tile qs (local rows from qrow) of head h over every key segment it sees. */
@@ -273,36 +321,26 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     const int nq = (int)qs->count;
-    int64_t ldk, ldv, krow;
+    int64_t ldk, ldv;
     const q_side qd = load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
 
-    ra_tile_walk walk;
-    ra_span ks;
-    ra_block_kind kind;
-    ra_key_batch batch = ra__batch_of(w);
-    ra_tile_dyn dyn;
-    const ra_tile_dyn *use = NULL;
-    ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
-    while (ra__walk_next(&walk, &ks, &krow, &kind)) {
-        const int nk = (int)ks.count;
-        if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
-        if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
-            const float tmin = ra__tile_min_threshold(use, nq);
-            int j = 0;
-            while (ra__batch_fill(&batch, bk, &ks, krow, use->bias, tmin, &j))
-                queries_batch(p, io, w, qs, h, &qd, &batch, use);
+    ra_key_pieces kp;
+    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->qsh, io->ksh, h, bk);
+    for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
+        if (piece == RA_PIECE_BATCH) {
+            queries_batch(p, io, w, qs, h, &qd, &kp.batch, &kp.sel);
             continue;
         }
-        const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd.q,
-                        qd.ldq, k, ldk, w->s, tanh_buf(p, w), use);
+        const int nk = (int)kp.ks.count;
+        const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
+        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
+        ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
+                        qd.q, qd.ldq, k, ldk, w->s, tanh_buf(p, w), kp.use);
         tile_grads(p, w, nq, nk, &qd, v, ldv, NULL);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
                     (int)ldk, 1.0f, w->acc, D);
     }
-    queries_batch(p, io, w, qs, h, &qd, &batch, use);
     ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
 }
 

@@ -34,6 +34,10 @@ typedef struct ra_thread_ws {
     float *batch_bias;
     int32_t *batch_slot;
     ra_topk_key *order;          /* [keys_block] a key tile sorted by bias (keys pass) */
+    /* keys pass: a batch of the sorted tile's keys that a query tile partly sees, [block_k] */
+    int64_t *part_row;
+    int32_t *part_pos, *part_slot;
+    float *part_bias, *dkt, *dvt, *dbt; /* its bias; its dK [block_k, D], dV, dBias */
     float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
 } ra_thread_ws;
@@ -153,13 +157,20 @@ void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
 /*
  * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh
  * values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and -inf outside
- * each row's allowed interval when kind is PARTIAL; with dyn, + bias and -inf for keys the
- * row's top-k threshold drops (SPEC 6).
+ * each row's allowed interval when kind is PARTIAL; with dyn, + the keys' bias (SPEC 6; a
+ * selection goes through ra__batch_logits instead).
  */
 void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
                      const int32_t *row_end, const float *q, int64_t ldq, const float *k,
                      int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
+
+/*
+ * SPEC 6: when every row of the tile keeps every key of it (its lowest bias is above the rows'
+ * highest threshold: rows with fewer valid keys than keep_k, say), drops the thresholds, so the
+ * tile takes the plain path with the bias only.
+ */
+void ra__tile_dyn_whole(ra_tile_dyn *dyn, int nq, int nk);
 
 /*
  * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL
@@ -170,6 +181,39 @@ int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int6
                  int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
                  const struct ra_tile_dyn **use);
 
+
+/*
+ * The keys that query tile qs (local rows from qrow) of head h sees, in pieces (SPEC 3 hull,
+ * SPEC 6 selection): a whole key tile for the plain path (RA_PIECE_TILE: ks, krow, kind, and
+ * `use`, the bias-only view or NULL), or a batch of gathered keys that some row may keep
+ * (RA_PIECE_BATCH: `batch`, with the rows' thresholds in `sel`), up to bk keys each. Shared by
+ * the forward and the backward's queries pass, so both take the same keys in the same order.
+ */
+typedef enum ra_piece { RA_PIECE_END = 0, RA_PIECE_TILE = 1, RA_PIECE_BATCH = 2 } ra_piece;
+
+typedef struct ra_key_pieces {
+    const struct ringattn_plan *p;
+    const ra_dyn_io *io;
+    const ra_span *qs;
+    int64_t qrow, qrows;
+    int h, bk;
+    ra_tile_walk walk;
+    /* the current piece */
+    ra_span ks;
+    int64_t krow;
+    ra_block_kind kind;
+    const ra_tile_dyn *use;
+    ra_tile_dyn dyn, sel;
+    ra_key_batch batch;
+    /* a tile being gathered from index j on (keys with bias >= tmin) */
+    int filling, j, batch_out;
+    float tmin;
+} ra_key_pieces;
+
+void ra__pieces_begin(ra_key_pieces *k, const struct ringattn_plan *p, const ra_dyn_io *io,
+                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *qsh,
+                      const ra_shard *ksh, int h, int bk);
+ra_piece ra__pieces_next(ra_key_pieces *k);
 
 /* exp(x) for x <= 88, exactly 0 below -87.3 (so -inf gives 0); about 1 ulp; vectorises. */
 static inline float ra__exp(float x)

@@ -81,17 +81,15 @@ static void state_end(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thr
 
 /* Logits of the query tile against a batch of gathered keys, then SPEC 4 and PV. */
 static void forward_batch(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, const float *q, int64_t ldq, int h, ra_key_batch *b,
-                          const ra_tile_dyn *dyn)
+                          const ra_span *qs, const float *q, int64_t ldq, int h,
+                          const ra_key_batch *b, const ra_tile_dyn *dyn)
 {
     const int Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    if (b->n == 0) return;
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
     ra__batch_logits(p, h, qs, b, q, ldq, w->kb, w->s, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f, w->s,
                 b->n, w->vb, Dv, 1.0f, w->acc, Dv);
-    b->n = 0;
 }
 
 /* The query tile qs (local rows from qrow) of head h against every key segment of its sequence. */
@@ -100,35 +98,25 @@ static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     const int nq = (int)qs->count;
-    int64_t ldq, ldk, ldv, krow;
+    int64_t ldq, ldk, ldv;
     const float *q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
     state_begin(p, io, w, h, qrow, nq);
-    ra_tile_walk walk;
-    ra_span ks;
-    ra_block_kind kind;
-    ra_key_batch batch = ra__batch_of(w);
-    ra_tile_dyn dyn;
-    const ra_tile_dyn *use = NULL;
-    ra__walk_begin(&walk, p, qs, 1, io->ksh, bk, w->row_begin, w->row_end);
-    while (ra__walk_next(&walk, &ks, &krow, &kind)) {
-        const int nk = (int)ks.count;
-        if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use)) continue;
-        if (use && use->thr_b) { /* top-k: gather the keys some row may keep (SPEC 6) */
-            const float tmin = ra__tile_min_threshold(use, nq);
-            int j = 0;
-            while (ra__batch_fill(&batch, bk, &ks, krow, use->bias, tmin, &j))
-                forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
+    ra_key_pieces kp;
+    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->qsh, io->ksh, h, bk);
+    for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
+        if (piece == RA_PIECE_BATCH) {
+            forward_batch(p, io, w, qs, q, ldq, h, &kp.batch, &kp.sel);
             continue;
         }
-        const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, h, qs, &ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, q, ldq,
-                        k, ldk, w->s, NULL, use);
+        const int nk = (int)kp.ks.count;
+        const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
+        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
+        ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
+                        q, ldq, k, ldk, w->s, NULL, kp.use);
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
                     (int)ldv, 1.0f, w->acc, Dv);
     }
-    forward_batch(p, io, w, qs, q, ldq, h, &batch, use);
     state_end(p, io, w, h, qrow, nq);
 }
 

@@ -75,15 +75,12 @@ static void alibi_row(float *s, int n, float slope, int64_t qpos_delta, int64_t 
     }
 }
 
-/* SPEC 6: + bias (not scaled), then -inf where the row's threshold does not keep the key. */
-static void dynamic_row(float *s, int nk, const struct ra_tile_dyn *dyn, int i, const ra_span *ks)
+void ra__tile_dyn_whole(ra_tile_dyn *dyn, int nq, int nk)
 {
-    for (int j = 0; j < nk; ++j) s[j] += dyn->bias[j];
-    if (!dyn->thr_b) return;
-    const float tb = dyn->thr_b[i];
-    const int64_t tp = dyn->thr_p[i];
-    for (int j = 0; j < nk; ++j)
-        if (!ra__topk_keeps(tb, tp, dyn->bias[j], ks->pos + j * ks->stride)) s[j] = -INFINITY;
+    float bmin = INFINITY, tmax = -INFINITY;
+    for (int j = 0; j < nk; ++j) bmin = dyn->bias[j] < bmin ? dyn->bias[j] : bmin;
+    for (int i = 0; i < nq; ++i) tmax = dyn->thr_b[i] > tmax ? dyn->thr_b[i] : tmax;
+    if (tmax < bmin) dyn->thr_b = NULL, dyn->thr_p = NULL; /* every key above every threshold */
 }
 
 int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
@@ -190,7 +187,8 @@ void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, co
             softcap_row(row, tanh_s ? tanh_s + (size_t)i * nk : NULL, nk, p->softcap);
         if (p->alibi)
             alibi_row(row, nk, p->alibi[h], qs->pos + i * qs->stride + delta, ks->pos, ks->stride);
-        if (dyn) dynamic_row(row, nk, dyn, i, ks);
+        if (dyn) /* SPEC 6: + bias, not scaled */
+            for (int j = 0; j < nk; ++j) row[j] += dyn->bias[j];
         if (kind == RA_BLOCK_PARTIAL) { /* SPEC 3: masked logits are exactly -inf */
             for (int j = 0; j < row_begin[i]; ++j) row[j] = -INFINITY;
             for (int j = row_end[i]; j < nk; ++j) row[j] = -INFINITY;

@@ -45,3 +45,39 @@ int ra__walk_next(ra_tile_walk *w, ra_span *tile, int64_t *row, ra_block_kind *k
         if (*kind != RA_BLOCK_EMPTY) return 1;
     }
 }
+
+void ra__pieces_begin(ra_key_pieces *k, const struct ringattn_plan *p, const ra_dyn_io *io,
+                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *qsh,
+                      const ra_shard *ksh, int h, int bk)
+{
+    *k = (ra_key_pieces){.p = p, .io = io, .qs = qs, .qrow = qrow, .qrows = qsh->rows, .h = h,
+                         .bk = bk, .batch = ra__batch_of(w)};
+    ra__walk_begin(&k->walk, p, qs, 1, ksh, bk, w->row_begin, w->row_end);
+}
+
+ra_piece ra__pieces_next(ra_key_pieces *k)
+{
+    const int nq = (int)k->qs->count;
+    if (k->batch_out) k->batch.n = 0, k->batch_out = 0; /* the caller is done with it */
+    for (;;) {
+        if (k->filling) {
+            if (ra__batch_fill(&k->batch, k->bk, &k->ks, k->krow, k->dyn.bias, k->tmin, &k->j))
+                return k->batch_out = 1, RA_PIECE_BATCH; /* full */
+            k->filling = 0;
+        }
+        if (!ra__walk_next(&k->walk, &k->ks, &k->krow, &k->kind))
+            return k->batch.n ? (k->batch_out = 1, RA_PIECE_BATCH) : RA_PIECE_END;
+        const int nk = (int)k->ks.count;
+        if (!ra__tile_dyn(k->p, k->io, k->h, k->qrow, nq, k->qrows, k->krow, nk, &k->dyn,
+                          &k->use))
+            continue; /* no row keeps any key of it: skipped exactly */
+        if (k->use && k->use->thr_b) {
+            k->sel = k->dyn;
+            ra__tile_dyn_whole(&k->dyn, nq, nk);
+        }
+        if (!k->use || !k->use->thr_b) return RA_PIECE_TILE;
+        k->tmin = ra__tile_min_threshold(&k->sel, nq); /* gather the keys some row may keep */
+        k->j = 0;
+        k->filling = 1;
+    }
+}

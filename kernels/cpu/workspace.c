@@ -61,13 +61,15 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
                             (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq, bq, bq,
                             bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)kb * d,
                             (size_t)kb * dv, (size_t)kb * d, (size_t)kb * dv, kb, 2 * (size_t)kb,
-                            kb, kb, kb, 2 * (size_t)kb};
+                            kb, kb, kb, 2 * (size_t)kb, 2 * (size_t)bk, bk, bk, bk,
+                            (size_t)bk * d, (size_t)bk * dv, bk};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
                      &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
                      (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
                      &w->vb, &w->dkb, &w->dvb, &w->dbb, (float **)&w->batch_row,
                      (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
-                     (float **)&w->order};
+                     (float **)&w->order, (float **)&w->part_row, (float **)&w->part_pos,
+                     (float **)&w->part_slot, &w->part_bias, &w->dkt, &w->dvt, &w->dbt};
     size_t used = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
         if (base) *dst[i] = base + used;
