@@ -119,6 +119,18 @@ static void keys_slice(const struct ringattn_plan *p, ra_thread_ws *w, const ra_
                 qd->q, (int)qd->ldq, beta, dk, D);
 }
 
+/* Adds row `from` of the key sums (sk, sv, sb) to row `to` of (dk, dv, db); sb, db: NULL or
+   both given. */
+static void add_key_sums(const struct ringattn_plan *p, float *restrict dk, float *restrict dv,
+                         float *restrict db, int64_t to, const float *restrict sk,
+                         const float *restrict sv, const float *restrict sb, int64_t from)
+{
+    const int D = p->head_dim, Dv = p->head_dim_v;
+    for (int c = 0; c < D; ++c) dk[to * D + c] += sk[from * D + c];
+    for (int c = 0; c < Dv; ++c) dv[to * Dv + c] += sv[from * Dv + c];
+    if (db) db[to] += sb[from];
+}
+
 /*
  * keys_slice for the first n keys of the sorted tile `all` that query tile qs may see, for a
  * query tile that sees only slots [lo, hi) of the key tile (near the causal diagonal or a
@@ -131,7 +143,6 @@ static void keys_part(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
                       int n, int64_t lo, int64_t hi, const ra_tile_dyn *dyn, int with_dbias,
                       int bk)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v;
     ra_key_batch b = {0, w->part_row, w->part_pos, w->part_bias, w->part_slot};
     for (int j = 0; j < n; ++j) {
         if (all->slot[j] >= lo && all->slot[j] < hi) {
@@ -145,16 +156,27 @@ static void keys_part(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
         if (with_dbias) memset(w->dbt, 0, (size_t)b.n * sizeof *w->dbt);
         keys_slice(p, w, qs, qd, h, &b, w->k, w->v, w->dkt, w->dvt, with_dbias ? w->dbt : NULL,
                    0.0f, dyn);
-        for (int c = 0; c < b.n; ++c) {
-            const int32_t t = b.slot[c];
-            float *restrict dk = w->dkb + (size_t)t * D, *restrict dv = w->dvb + (size_t)t * Dv;
-            const float *restrict sk = w->dkt + (size_t)c * D, *restrict sv = w->dvt + (size_t)c * Dv;
-            for (int e = 0; e < D; ++e) dk[e] += sk[e];
-            for (int e = 0; e < Dv; ++e) dv[e] += sv[e];
-            if (with_dbias) w->dbb[t] += w->dbt[c];
-        }
+        for (int c = 0; c < b.n; ++c)
+            add_key_sums(p, w->dkb, w->dvb, with_dbias ? w->dbb : NULL, b.slot[c], w->dkt, w->dvt,
+                         w->dbt, c);
         b.n = 0;
     }
+}
+
+/*
+ * The keys pass's walk over the query tiles that see key tile ks (local rows from krow): the
+ * next one in which some row of head h keeps some key (SPEC 3 and SPEC 6 skipping), with its
+ * dynamic-mask view in *dyn / *use.
+ */
+static int next_query_tile(const struct ringattn_plan *p, const ra_bwd_io *io, ra_tile_walk *walk,
+                           int h, const ra_span *ks, int64_t krow, ra_span *qs, int64_t *qrow,
+                           ra_block_kind *kind, ra_tile_dyn *dyn, const ra_tile_dyn **use)
+{
+    while (ra__walk_next(walk, qs, qrow, kind))
+        if (ra__tile_dyn(p, &io->dyn, h, *qrow, (int)qs->count, io->qsh->rows, krow,
+                         (int)ks->count, dyn, use))
+            return 1;
+    return 0;
 }
 
 /* The key tile ks (local rows from krow) in order of bias, descending: w->order, the batch
@@ -200,23 +222,22 @@ static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
                       float *dbias, int bq, int bk)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nk = (int)ks->count;
-    const ra_key_batch all = keys_by_bias(p, io, w, ks, krow, g, io->dyn.bias + hb * io->dyn.ld + krow);
+    const float *bias = io->dyn.bias + hb * io->dyn.ld + krow;
+    const ra_key_batch all = keys_by_bias(p, io, w, ks, krow, g, bias);
     memset(w->dkb, 0, (size_t)nk * D * sizeof *w->dkb);
     memset(w->dvb, 0, (size_t)nk * Dv * sizeof *w->dvb);
     memset(w->dbb, 0, (size_t)nk * sizeof *w->dbb);
     int used = 0;
-    int64_t qrow;
     for (int h = h0; h < h1; ++h) {
         ra_tile_walk walk;
         ra_span qs;
+        int64_t qrow;
         ra_block_kind kind;
+        ra_tile_dyn dyn;
+        const ra_tile_dyn *use;
         ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-        while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
+        while (next_query_tile(p, io, &walk, h, ks, krow, &qs, &qrow, &kind, &dyn, &use)) {
             const int nq = (int)qs.count;
-            ra_tile_dyn dyn;
-            const ra_tile_dyn *use;
-            if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn, &use))
-                continue;
             const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(use, nq));
             if (n == 0) continue;
             const q_side qd = load_q_side(p, io, w, h, qrow, nq);
@@ -236,14 +257,8 @@ static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
             used = n > used ? n : used;
         }
     }
-    for (int j = 0; j < used; ++j) {
-        const int32_t t = all.slot[j];
-        float *restrict dk = w->dk + (size_t)t * D, *restrict dv = w->dv + (size_t)t * Dv;
-        const float *restrict sk = w->dkb + (size_t)j * D, *restrict sv = w->dvb + (size_t)j * Dv;
-        for (int c = 0; c < D; ++c) dk[c] += sk[c];
-        for (int c = 0; c < Dv; ++c) dv[c] += sv[c];
-        if (dbias) dbias[t] += w->dbb[j];
-    }
+    for (int j = 0; j < used; ++j) /* back to tile order */
+        add_key_sums(p, w->dk, w->dv, dbias, all.slot[j], w->dkb, w->dvb, w->dbb, j);
 }
 
 /*
@@ -260,7 +275,7 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
     float *const dbias = io->dyn.dbias ? w->dbias : NULL; /* [H_b, nk] */
     if (dbias) memset(dbias, 0, (size_t)Hb * nk * sizeof *dbias);
     const int select = io->dyn.thr_b != NULL; /* keys taken in order of bias instead */
-    int64_t ldk = 0, ldv = 0, qrow;
+    int64_t ldk = 0, ldv = 0;
     for (int g = g0; g < g1; ++g) {
         memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
         memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
@@ -277,16 +292,13 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
             for (int h = g * G; h < (g + 1) * G; ++h) {
                 ra_tile_walk walk;
                 ra_span qs;
+                int64_t qrow;
                 ra_block_kind kind;
+                ra_tile_dyn dyn;
+                const ra_tile_dyn *use;
                 ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-                while (ra__walk_next(&walk, &qs, &qrow, &kind)) {
-                    const int nq = (int)qs.count;
-                    ra_tile_dyn dyn;
-                    const ra_tile_dyn *use;
-                    if (!ra__tile_dyn(p, &io->dyn, h, qrow, nq, io->qsh->rows, krow, nk, &dyn,
-                                      &use))
-                        continue;
-                    const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+                while (next_query_tile(p, io, &walk, h, ks, krow, &qs, &qrow, &kind, &dyn, &use)) {
+                    const q_side qd = load_q_side(p, io, w, h, qrow, (int)qs.count);
                     keys_pair(p, w, &qs, ks, kind, &qd, h, k, ldk, v, ldv, use,
                               dbias ? dbias + (size_t)(h / per_bias) * nk : NULL);
                 }
