@@ -119,7 +119,9 @@ typedef struct ringattn_tensors {
     float *lse;                 /* [H, T_q] float32: forward output, backward input */
     ringattn_tensor_t dout;     /* backward input dO: [T_q, H, D_v] */
     ringattn_tensor_t dq, dk, dv; /* backward outputs, overwritten */
-    const float *key_bias;      /* [key_bias_heads, T_k] float32, packed; NULL without a bias */
+    /* [key_bias_heads, T_k] float32, packed; NULL without a bias. Finite or -inf (a key no row
+       uses); a NaN or +inf is refused with RINGATTN_ERR_INVALID_ARGUMENT. */
+    const float *key_bias;
     float *dbias;               /* backward output [key_bias_heads, T_k], or NULL: not wanted */
 } ringattn_tensors_t;
 

@@ -1,4 +1,6 @@
 /* ringattn_forward / ringattn_backward: argument checks, then the backend (kernel table). */
+#include <math.h>
+
 #include "ring/error.h"
 #include "ring/plan.h"
 #include "ring/ring.h"
@@ -24,6 +26,20 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
     return RINGATTN_SUCCESS;
 }
 
+/*
+ * SPEC 6 bias values: finite or -inf (a key no row may use). NaN would break the ranking's total
+ * order and +inf the softmax, and either would give NaN outputs (SPEC 9 forbids them).
+ */
+static ringattn_status_t check_bias(const char *fn, const struct ringattn_plan *p,
+                                    const float *bias)
+{
+    for (int64_t i = 0; i < (int64_t)p->bias_heads * p->total_k; ++i)
+        RA_CHECK(!isnan(bias[i]) && bias[i] != INFINITY, RINGATTN_ERR_INVALID_ARGUMENT,
+                 "%s: key_bias[%lld, %lld]: got %g, expected a finite value or -inf", fn,
+                 (long long)(i / p->total_k), (long long)(i % p->total_k), (double)bias[i]);
+    return RINGATTN_SUCCESS;
+}
+
 /* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
 static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p,
                                    const ringattn_tensors_t *t, int o_is_output, ra_args *a)
@@ -40,7 +56,7 @@ static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p
              p->bias_heads);
     a->key_bias = p->bias_heads ? t->key_bias : NULL;
     a->dbias = p->bias_heads ? t->dbias : NULL;
-    return RINGATTN_SUCCESS;
+    return a->key_bias ? check_bias(fn, p, a->key_bias) : RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,

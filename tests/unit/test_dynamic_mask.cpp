@@ -310,6 +310,80 @@ TEST_CASE("dynamic mask: very negative biases (-1e30) are valid logits", "[dynam
         }
 }
 
+TEST_CASE("dynamic mask: -inf biases are keys no row uses; a row left with only those is empty", "[dynamic][mask]")
+{
+    // -inf on every third key of each sequence, from its third: a sequence's first key and any
+    // two neighbouring keys hold a finite one, so every row keeps a usable key (windows of at
+    // least 2 keys) and the oracle applies as is.
+    int idx = 0;
+    for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16})
+        for (int keep : {0, 1, 3, 20}) {
+            std::mt19937_64 rng(seed_for("dyn-ninf-bias", (uint64_t)idx++));
+            AttnConfig c;
+            c.dtype = dt;
+            c.H = 4;
+            c.Hkv = 2;
+            c.D = 16;
+            c.cu_q = {0, 90, 170};
+            c.causal = true;
+            c.wl = pick(rng, {-1, 1, 6});
+            c.block_q = 16;
+            c.block_k = 8;
+            c.key_bias_heads = pick(rng, {1, 2, 4});
+            c.keep_k = keep;
+            Problem pb(c, Storage::Packed, rng);
+            std::vector<double> b = pb.cfg.bias;
+            for (int hb = 0; hb < c.key_bias_heads; ++hb)
+                for (size_t sq = 0; sq + 1 < c.cu_q.size(); ++sq)
+                    for (int t = c.cu_q[sq] + 2; t < c.cu_q[sq + 1]; t += 3) b[(size_t)(hb * c.Tk() + t)] = NINF;
+            pb.set_bias(b);
+            Plan plan(c);
+            require_plan(plan);
+            INFO("config: " << c.describe());
+            CHECK(check_against_oracle(plan, pb));
+        }
+    // Each row sees only its own key (window 0); even keys have bias -inf, so even rows have no
+    // usable key: O = 0, LSE = -inf, dQ = 0, and the even keys get dK = dV = dBias = 0.
+    for (int keep : {0, 1}) {
+        std::mt19937_64 rng(seed_for("dyn-ninf-rows", (uint64_t)keep));
+        AttnConfig c;
+        c.H = 2;
+        c.Hkv = 1;
+        c.D = 8;
+        c.cu_q = {0, 40};
+        c.causal = true;
+        c.wl = 0;
+        c.block_q = 16;
+        c.block_k = 8;
+        c.key_bias_heads = 1;
+        c.keep_k = keep;
+        Problem pb(c, Storage::Packed, rng);
+        std::vector<double> b = pb.cfg.bias;
+        for (size_t j = 0; j < b.size(); j += 2) b[j] = NINF;
+        pb.set_bias(b);
+        Plan plan(c);
+        require_plan(plan);
+        run_both(plan, pb);
+        int64_t wrong = 0;
+        for (int64_t t = 0; t < c.Tq(); ++t) {
+            const bool empty = t % 2 == 0;
+            for (int h = 0; h < c.H; ++h) {
+                wrong += empty ? lse_at(pb, h, t) != NINF : !std::isfinite(lse_at(pb, h, t));
+                for (int cc = 0; cc < c.D; ++cc) {
+                    wrong += empty && (pb.o.get(t, h, cc) != 0 || pb.dq.get(t, h, cc) != 0);
+                    wrong += !std::isfinite(pb.o.get(t, h, cc)) || !std::isfinite(pb.dq.get(t, h, cc));
+                }
+            }
+            for (int cc = 0; cc < c.D; ++cc) {
+                wrong += empty && (pb.dk.get(t, 0, cc) != 0 || pb.dv.get(t, 0, cc) != 0);
+                wrong += !std::isfinite(pb.dk.get(t, 0, cc)) || !std::isfinite(pb.dv.get(t, 0, cc));
+            }
+            wrong += empty ? pb.dbias_buf[(size_t)t] != 0 : !std::isfinite(pb.dbias_buf[(size_t)t]);
+        }
+        CHECK(wrong == 0);
+    }
+}
+
 TEST_CASE("dynamic mask: scratch poisoned by NaN inputs changes nothing", "[dynamic][case7]")
 {
     for (ringattn_dtype_t dt : all_dtypes) {

@@ -371,53 +371,65 @@ TEST_CASE("merge_partials: num_partials < 1 and a NULL partial LSE", "[validatio
     CHECK(out_lse[0] == Approx(0.5 + std::log(2.0)).epsilon(1e-6));
 }
 
-TEST_CASE("dynamic masks: a NULL key_bias with a bias on is refused, outputs untouched", "[validation][dynamic]")
+TEST_CASE("dynamic masks: a NULL key_bias, or a NaN or +inf in it, is refused, outputs untouched", "[validation][dynamic]")
 {
-    // A plan with H_b = 2 and keep_k = 3; the call-time check is that tensors.key_bias is given
-    // (forward and backward); dbias = NULL is legal (not wanted).
+    // A plan with H_b = 2 and keep_k = 3; the call-time checks are that tensors.key_bias is
+    // given and holds no NaN or +inf (SPEC 6: -inf is a key no row uses), forward and backward;
+    // dbias = NULL is legal (not wanted).
     Base b;
     b.cfg.key_bias_heads = 2;
     b.cfg.keep_k = 3;
     std::mt19937_64 rng(seed_for("validation-bias", 0));
-    for (int pass = 0; pass < 2; ++pass)
-        for (int with_dbias = 0; with_dbias < 2; ++with_dbias) {
-            const char *fn = pass ? "ringattn_backward" : "ringattn_forward";
-            Problem pb(b.cfg, Storage::Packed, rng);
-            Plan plan(b.cfg);
-            INFO("plan_create: " << ringattn_last_error());
-            REQUIRE(plan.ok());
-            if (pass) { // a valid forward first: the backward needs O and LSE
+    const float bad_values[] = {0.0f /* unused: NULL */, std::nanf(""), INFINITY};
+    for (int bad = 0; bad < 3; ++bad)
+        for (int pass = 0; pass < 2; ++pass)
+            for (int with_dbias = 0; with_dbias < 2; ++with_dbias) {
+                const char *fn = pass ? "ringattn_backward" : "ringattn_forward";
+                Problem pb(b.cfg, Storage::Packed, rng);
+                Plan plan(b.cfg);
+                INFO("plan_create: " << ringattn_last_error());
+                REQUIRE(plan.ok());
+                if (pass) { // a valid forward first: the backward needs O and LSE
+                    ringattn_tensors_t t = pb.tensors();
+                    REQUIRE(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_SUCCESS);
+                }
+                for (TView *t : {&pb.dq, &pb.dk, &pb.dv})
+                    for (int64_t r = 0; r < t->T; ++r)
+                        for (int h = 0; h < t->heads; ++h)
+                            for (int c = 0; c < t->dim; ++c) t->set(r, h, c, 0.25 * c - r + h);
+                for (size_t i = 0; i < pb.dbias_buf.size(); ++i) pb.dbias_buf[i] = 3.0f + (float)i;
+                if (!pass)
+                    for (size_t i = 0; i < pb.lse.size(); ++i) pb.lse[i] = -1.0f - (float)i;
+                const std::vector<unsigned char> o0 = pb.o.buf->bytes, dq0 = pb.dq.buf->bytes,
+                                                 dk0 = pb.dk.buf->bytes, dv0 = pb.dv.buf->bytes;
+                const std::vector<float> lse0 = pb.lse, db0 = pb.dbias_buf;
                 ringattn_tensors_t t = pb.tensors();
-                REQUIRE(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_SUCCESS);
+                std::vector<float> poisoned = pb.bias_buf;
+                const size_t at = (size_t)(rng() % poisoned.size());
+                poisoned[at] = bad_values[bad];
+                t.key_bias = bad ? poisoned.data() : nullptr;
+                if (!with_dbias) t.dbias = nullptr;
+                const ringattn_status_t st = pass ? ringattn_backward(plan.get(), &t, nullptr)
+                                                  : ringattn_forward(plan.get(), &t, nullptr);
+                INFO(fn << ", bad " << bad << ", dbias " << (with_dbias ? "given" : "NULL") << ": got "
+                        << ringattn_status_string(st) << " \"" << ringattn_last_error() << "\"");
+                CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
+                CHECK(mentions(fn));
+                CHECK(mentions("key_bias"));
+                if (bad) { // names the entry: key_bias[hb, t]
+                    const int64_t Tk = b.cfg.Tk();
+                    CHECK(mentions(("key_bias[" + std::to_string(at / (size_t)Tk) + ", " +
+                                    std::to_string(at % (size_t)Tk) + "]").c_str()));
+                }
+                CHECK(pb.o.buf->bytes == o0);
+                CHECK(pb.dq.buf->bytes == dq0);
+                CHECK(pb.dk.buf->bytes == dk0);
+                CHECK(pb.dv.buf->bytes == dv0);
+                CHECK(std::memcmp(pb.lse.data(), lse0.data(), lse0.size() * sizeof(float)) == 0);
+                CHECK(std::memcmp(pb.dbias_buf.data(), db0.data(), db0.size() * sizeof(float)) == 0);
+                // the same call with the bias given succeeds (the NULL is what was refused)
+                t.key_bias = pb.bias_buf.data();
+                CHECK((pass ? ringattn_backward(plan.get(), &t, nullptr) : ringattn_forward(plan.get(), &t, nullptr)) ==
+                      RINGATTN_SUCCESS);
             }
-            for (TView *t : {&pb.dq, &pb.dk, &pb.dv})
-                for (int64_t r = 0; r < t->T; ++r)
-                    for (int h = 0; h < t->heads; ++h)
-                        for (int c = 0; c < t->dim; ++c) t->set(r, h, c, 0.25 * c - r + h);
-            for (size_t i = 0; i < pb.dbias_buf.size(); ++i) pb.dbias_buf[i] = 3.0f + (float)i;
-            if (!pass)
-                for (size_t i = 0; i < pb.lse.size(); ++i) pb.lse[i] = -1.0f - (float)i;
-            const std::vector<unsigned char> o0 = pb.o.buf->bytes, dq0 = pb.dq.buf->bytes,
-                                             dk0 = pb.dk.buf->bytes, dv0 = pb.dv.buf->bytes;
-            const std::vector<float> lse0 = pb.lse, db0 = pb.dbias_buf;
-            ringattn_tensors_t t = pb.tensors();
-            t.key_bias = nullptr;
-            if (!with_dbias) t.dbias = nullptr;
-            const ringattn_status_t st = pass ? ringattn_backward(plan.get(), &t, nullptr)
-                                              : ringattn_forward(plan.get(), &t, nullptr);
-            INFO(fn << ", dbias " << (with_dbias ? "given" : "NULL") << ": got "
-                    << ringattn_status_string(st) << " \"" << ringattn_last_error() << "\"");
-            CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
-            CHECK(mentions(fn));
-            CHECK(pb.o.buf->bytes == o0);
-            CHECK(pb.dq.buf->bytes == dq0);
-            CHECK(pb.dk.buf->bytes == dk0);
-            CHECK(pb.dv.buf->bytes == dv0);
-            CHECK(std::memcmp(pb.lse.data(), lse0.data(), lse0.size() * sizeof(float)) == 0);
-            CHECK(std::memcmp(pb.dbias_buf.data(), db0.data(), db0.size() * sizeof(float)) == 0);
-            // the same call with the bias given succeeds (the NULL is what was refused)
-            t.key_bias = pb.bias_buf.data();
-            CHECK((pass ? ringattn_backward(plan.get(), &t, nullptr) : ringattn_forward(plan.get(), &t, nullptr)) ==
-                  RINGATTN_SUCCESS);
-        }
 }
