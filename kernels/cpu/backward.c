@@ -164,17 +164,31 @@ static void keys_part(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
 }
 
 /*
- * The keys pass's walk over the query tiles that see key tile ks (local rows from krow): the
- * next one in which some row of head h keeps some key (SPEC 3 and SPEC 6 skipping), with its
- * dynamic-mask view in *dyn / *use.
+ * The keys pass's walk over the query tiles that see key tile ks (local rows from krow), for
+ * query head h: each next one has some row that keeps some key (SPEC 3 and SPEC 6 skipping);
+ * its dynamic-mask view is in dyn / use.
  */
-static int next_query_tile(const struct ringattn_plan *p, const ra_bwd_io *io, ra_tile_walk *walk,
-                           int h, const ra_span *ks, int64_t krow, ra_span *qs, int64_t *qrow,
-                           ra_block_kind *kind, ra_tile_dyn *dyn, const ra_tile_dyn **use)
+typedef struct query_tiles {
+    ra_tile_walk walk;
+    ra_span qs;
+    int64_t qrow;
+    ra_block_kind kind;
+    ra_tile_dyn dyn;
+    const ra_tile_dyn *use;
+} query_tiles;
+
+static void query_tiles_begin(query_tiles *t, const struct ringattn_plan *p, const ra_bwd_io *io,
+                              ra_thread_ws *w, const ra_span *ks, int bq)
 {
-    while (ra__walk_next(walk, qs, qrow, kind))
-        if (ra__tile_dyn(p, &io->dyn, h, *qrow, (int)qs->count, io->qsh->rows, krow,
-                         (int)ks->count, dyn, use))
+    ra__walk_begin(&t->walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
+}
+
+static int query_tiles_next(query_tiles *t, const struct ringattn_plan *p, const ra_bwd_io *io,
+                            int h, const ra_span *ks, int64_t krow)
+{
+    while (ra__walk_next(&t->walk, &t->qs, &t->qrow, &t->kind))
+        if (ra__tile_dyn(p, &io->dyn, h, t->qrow, (int)t->qs.count, io->qsh->rows, krow,
+                         (int)ks->count, &t->dyn, &t->use))
             return 1;
     return 0;
 }
@@ -229,29 +243,25 @@ static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
     memset(w->dbb, 0, (size_t)nk * sizeof *w->dbb);
     int used = 0;
     for (int h = h0; h < h1; ++h) {
-        ra_tile_walk walk;
-        ra_span qs;
-        int64_t qrow;
-        ra_block_kind kind;
-        ra_tile_dyn dyn;
-        const ra_tile_dyn *use;
-        ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-        while (next_query_tile(p, io, &walk, h, ks, krow, &qs, &qrow, &kind, &dyn, &use)) {
-            const int nq = (int)qs.count;
-            const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(use, nq));
+        query_tiles t;
+        query_tiles_begin(&t, p, io, w, ks, bq);
+        while (query_tiles_next(&t, p, io, h, ks, krow)) {
+            const ra_span *qs = &t.qs;
+            const int nq = (int)qs->count;
+            const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(t.use, nq));
             if (n == 0) continue;
-            const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+            const q_side qd = load_q_side(p, io, w, h, t.qrow, nq);
             int64_t lo, hi; /* the slots of the key tile that some row of qs may see */
-            ra__key_hull(p->window, p->delta[qs.seq], &qs, ks, &lo, &hi);
+            ra__key_hull(p->window, p->delta[qs->seq], qs, ks, &lo, &hi);
             if (lo > 0 || hi < nk) {
-                keys_part(p, io, w, &qs, &qd, g, h, &all, n, lo, hi, use, dbias != NULL, bk);
+                keys_part(p, io, w, qs, &qd, g, h, &all, n, lo, hi, t.use, dbias != NULL, bk);
             } else {
                 for (int at = 0; at < n; at += bk) {
                     const ra_key_batch slice = {n - at < bk ? n - at : bk, all.row + at,
                                                 all.pos + at, all.bias + at, all.slot + at};
-                    keys_slice(p, w, &qs, &qd, h, &slice, w->kb + at * D, w->vb + at * Dv,
+                    keys_slice(p, w, qs, &qd, h, &slice, w->kb + at * D, w->vb + at * Dv,
                                w->dkb + at * D, w->dvb + at * Dv, dbias ? w->dbb + at : NULL,
-                               1.0f, use);
+                               1.0f, t.use);
                 }
             }
             used = n > used ? n : used;
@@ -290,16 +300,11 @@ static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
             const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
             const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
             for (int h = g * G; h < (g + 1) * G; ++h) {
-                ra_tile_walk walk;
-                ra_span qs;
-                int64_t qrow;
-                ra_block_kind kind;
-                ra_tile_dyn dyn;
-                const ra_tile_dyn *use;
-                ra__walk_begin(&walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-                while (next_query_tile(p, io, &walk, h, ks, krow, &qs, &qrow, &kind, &dyn, &use)) {
-                    const q_side qd = load_q_side(p, io, w, h, qrow, (int)qs.count);
-                    keys_pair(p, w, &qs, ks, kind, &qd, h, k, ldk, v, ldv, use,
+                query_tiles t;
+                query_tiles_begin(&t, p, io, w, ks, bq);
+                while (query_tiles_next(&t, p, io, h, ks, krow)) {
+                    const q_side qd = load_q_side(p, io, w, h, t.qrow, (int)t.qs.count);
+                    keys_pair(p, w, &t.qs, ks, t.kind, &qd, h, k, ldk, v, ldv, t.use,
                               dbias ? dbias + (size_t)(h / per_bias) * nk : NULL);
                 }
             }

@@ -140,7 +140,8 @@ void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
         if (p->softcap > 0.0f)
             softcap_row(row, tanh_s ? tanh_s + (size_t)i * n : NULL, n, p->softcap);
         if (slope != 0.0f) /* the order of the span path: ALiBi, then bias */
-            for (int j = 0; j < n; ++j) row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
+            for (int j = 0; j < n; ++j)
+                row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
         /* SPEC 3 window and SPEC 6 threshold as int32 lane compares (positions fit int32) */
         const int32_t lo = (int32_t)clamp_i32(w.left < 0 ? INT32_MIN : qp - w.left);
         const int32_t hi = (int32_t)clamp_i32(w.right < 0 ? INT32_MAX : qp + w.right);
