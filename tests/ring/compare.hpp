@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -53,6 +54,23 @@ inline void check_same(const Result &ring, const Result &single, ringattn_dtype_
     CHECK(rel_err(ring.dv, single.dv, fl.dv) <= tg);
     REQUIRE(ring.dbias.size() == single.dbias.size());
     if (!single.dbias.empty()) CHECK(rel_err(ring.dbias, single.dbias, fl.dbias) <= tg);
+}
+
+inline bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Two runs of the same problem bitwise equal: O, LSE, dQ, dK, dV and, where there is one, dBias
+// (one CHECK each).
+inline void check_bitwise_same(const Result &a, const Result &b)
+{
+    CHECK(same_bits(a.o, b.o));
+    CHECK(same_bits(a.lse, b.lse));
+    CHECK(same_bits(a.dq, b.dq));
+    CHECK(same_bits(a.dk, b.dk));
+    CHECK(same_bits(a.dv, b.dv));
+    if (!a.dbias.empty()) CHECK(same_bits(a.dbias, b.dbias));
 }
 
 } // namespace ringtest

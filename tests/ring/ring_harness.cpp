@@ -34,6 +34,11 @@ ringattn_plan_desc_t Problem::desc(ringattn_layout_t layout) const
     return d;
 }
 
+void Problem::quantize_bias()
+{
+    for (float &b : bias) b = std::round(2 * b) / 2;
+}
+
 void Problem::fill(uint64_t seed)
 {
     std::mt19937_64 rng(seed);

@@ -33,6 +33,8 @@ struct Problem {
     int64_t T() const { return cu.back(); }
     ringattn_plan_desc_t desc(ringattn_layout_t layout) const;
     void fill(uint64_t seed);
+    // Round the bias to multiples of 1/2: exact ties, within and across shards.
+    void quantize_bias();
 };
 
 // Outputs in global order, as float (converted from the dtype).

@@ -65,4 +65,15 @@ GradFloors magnitude_floors(const Problem &pb)
     return fl;
 }
 
+double o_vs_oracle(const Problem &pb, const Result &r)
+{
+    const ratest::AttnConfig c = oracle_config(pb);
+    ratest::Dense Q, K, V, dO;
+    oracle_inputs(pb, Q, K, V, dO);
+    const ratest::FwdResult f = ratest::oracle_forward(c, Q, K, V);
+    ratest::Dense got(f.O.T, f.O.heads, f.O.dim);
+    for (size_t i = 0; i < got.v.size(); ++i) got.v[i] = r.o[i];
+    return ratest::max_rel_err(got, f.O);
+}
+
 } // namespace ringtest

@@ -18,4 +18,7 @@ void oracle_inputs(const Problem &pb, ratest::Dense &Q, ratest::Dense &K, ratest
 // GRAD_MAG_FLOOR (1%) of the largest magnitude of each gradient (oracle_backward_magnitude).
 GradFloors magnitude_floors(const Problem &pb);
 
+// max |O of r - oracle O| / max |oracle O| (global order, both [T, H, D_v]).
+double o_vs_oracle(const Problem &pb, const Result &r);
+
 } // namespace ringtest

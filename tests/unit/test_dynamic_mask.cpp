@@ -199,12 +199,7 @@ TEST_CASE("dynamic mask: rows with no allowed key and keys no query keeps", "[dy
             c.cu_k = cu_from_lengths({30, 0, 25, 6}); // seq 3: 6 keys, no query
             c.block_q = 8;
             c.block_k = 8;
-            switch (variant) {
-            case 0: c.causal = true; break;                   // rows 0..29 of seq 0 empty
-            case 1: c.wl = -1, c.wr = 3; break;               // rows with p - 30 + 3 < 0 empty
-            case 2: c.causal = true, c.wl = 2; break;
-            case 3: c.wl = 0, c.wr = 0, c.softcap = 4; break; // one key per row at most
-            }
+            set_empty_rows_mask(c, variant);
             c.key_bias_heads = bias_heads(c, idx % 3);
             c.keep_k = pick(rng, {0, 1, 3, 1000});
             Problem pb(c, Storage::Padded, rng);
@@ -214,9 +209,7 @@ TEST_CASE("dynamic mask: rows with no allowed key and keys no query keeps", "[dy
             // O = 0 and LSE = -inf exactly on empty rows, dQ = 0 there, no NaN, and dBias exactly
             // 0 for keys no query keeps (check_against_oracle).
             REQUIRE(check_against_oracle(plan, pb));
-            int64_t empty = 0;
-            for (float l : pb.lse) empty += l == NINF;
-            CHECK(empty > 0);
+            CHECK(count_empty_rows(pb) > 0);
             bool zero = true;
             for (int64_t j = c.Tk() - 6; j < c.Tk(); ++j) {
                 for (int h = 0; h < c.hkv(); ++h) {
@@ -232,14 +225,8 @@ TEST_CASE("dynamic mask: rows with no allowed key and keys no query keeps", "[dy
 
 TEST_CASE("dynamic mask: empty batches with a bias", "[dynamic][mask]")
 {
-    const std::vector<int32_t> cases[][2] = {
-        {{0}, {}},
-        {{0, 0, 0}, {}},
-        {{0, 0, 0}, {0, 0, 5}},
-        {{0, 0, 3}, {0, 4, 4}},
-    };
     int idx = 0;
-    for (auto &cu : cases)
+    for (auto &cu : empty_batches)
         for (int keep : {0, 2}) {
             std::mt19937_64 rng(seed_for("dyn-empty", (uint64_t)idx++));
             AttnConfig c;
@@ -402,24 +389,8 @@ TEST_CASE("dynamic mask: scratch poisoned by NaN inputs changes nothing", "[dyna
         c.num_threads = 2;
         c.key_bias_heads = 2;
         c.keep_k = 9;
-        Problem clean(c, Storage::Packed, rng);
-        Plan plan(c);
-        require_plan(plan);
-        REQUIRE(check_against_oracle(plan, clean));
-        const Outputs ref(clean);
-        Problem nan_pb(c, Storage::Packed, rng);
-        for (TView *t : {&nan_pb.q, &nan_pb.k, &nan_pb.v, &nan_pb.dout}) t->poison();
-        REQUIRE(run_forward(plan, nan_pb) == RINGATTN_SUCCESS);
-        REQUIRE(run_backward(plan, nan_pb) == RINGATTN_SUCCESS);
-        run_both(plan, clean);
-        const Outputs got(clean);
         INFO("dtype " << dtype_name(dt));
-        CHECK(got.o == ref.o);
-        CHECK(same_floats(got.lse, ref.lse));
-        CHECK(got.dq == ref.dq);
-        CHECK(got.dk == ref.dk);
-        CHECK(got.dv == ref.dv);
-        CHECK(same_floats(got.dbias, ref.dbias));
+        check_poisoned_scratch_changes_nothing(c, rng);
     }
 }
 
@@ -454,21 +425,13 @@ TEST_CASE("dynamic mask: a plan is reusable, backward selects from the bias it i
             REQUIRE(run_forward(plan, b) == RINGATTN_SUCCESS);
             a.poison_backward_outputs();
             REQUIRE(run_backward(plan, a) == RINGATTN_SUCCESS);
-            Outputs got(a);
-            CHECK(got.dq == ref.dq);
-            CHECK(got.dk == ref.dk);
-            CHECK(got.dv == ref.dv);
-            CHECK(same_floats(got.dbias, ref.dbias));
+            check_same_backward(Outputs(a), ref);
             // a fresh plan whose first call is this backward
             Plan fresh(c);
             require_plan(fresh);
             a.poison_backward_outputs();
             REQUIRE(run_backward(fresh, a) == RINGATTN_SUCCESS);
-            got = Outputs(a);
-            CHECK(got.dq == ref.dq);
-            CHECK(got.dk == ref.dk);
-            CHECK(got.dv == ref.dv);
-            CHECK(same_floats(got.dbias, ref.dbias));
+            check_same_backward(Outputs(a), ref);
             // and B's forward was B's own
             REQUIRE(check_against_oracle(plan, b));
         }

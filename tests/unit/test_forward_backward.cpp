@@ -4,61 +4,15 @@
 // output is poisoned with NaN before each call (SPEC 10 case 7); see support/shim.cpp.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <random>
 
-#include "support/shim.hpp"
+#include "support/cases.hpp"
 
 using namespace ratest;
 
 namespace {
 
-const ringattn_dtype_t all_dtypes[] = {RINGATTN_FLOAT32, RINGATTN_FLOAT16, RINGATTN_BFLOAT16};
-
-int pick(std::mt19937_64 &rng, std::initializer_list<int> xs)
-{
-    return *(xs.begin() + (ptrdiff_t)(rng() % xs.size()));
-}
-
-// Ragged lengths: mostly random in [2, maxlen], with 0 and 1 mixed in.
-std::vector<int> ragged(std::mt19937_64 &rng, int nseq, int maxlen)
-{
-    std::vector<int> l;
-    for (int i = 0; i < nseq; ++i) {
-        const int r = (int)(rng() % 8);
-        l.push_back(r == 0 ? 0 : r == 1 ? 1 : 2 + (int)(rng() % (uint64_t)(maxlen - 1)));
-    }
-    return l;
-}
-
-enum class Mask { None, Causal, Window, CausalWindow, HugeWindow, Narrow };
 const Mask all_masks[] = {Mask::None, Mask::Causal, Mask::Window, Mask::CausalWindow, Mask::HugeWindow, Mask::Narrow};
-
-void set_mask(AttnConfig &c, Mask m, std::mt19937_64 &rng)
-{
-    c.causal = false;
-    c.wl = c.wr = -1;
-    switch (m) {
-    case Mask::None: break;
-    case Mask::Causal: c.causal = true; break;
-    case Mask::Window: // two-sided, sometimes one side unbounded
-        c.wl = pick(rng, {-1, 0, 3, 17, 40});
-        c.wr = pick(rng, {0, 2, 9, 33});
-        break;
-    case Mask::CausalWindow:
-        c.causal = true;
-        c.wl = pick(rng, {0, 1, 9, 31});
-        break;
-    case Mask::HugeWindow: // >= every length: same as unbounded
-        c.wl = pick(rng, {1000, 100000});
-        c.wr = pick(rng, {-1, 1000, 2147483647});
-        break;
-    case Mask::Narrow: // (0, 0): each query sees only its aligned key (none when delta < 0)
-        c.wl = 0;
-        c.wr = 0;
-        break;
-    }
-}
 
 // Random problem; `maxlen` bounds each sequence's query length.
 AttnConfig random_config(std::mt19937_64 &rng, ringattn_dtype_t dt, int maxlen)
@@ -77,16 +31,9 @@ AttnConfig random_config(std::mt19937_64 &rng, ringattn_dtype_t dt, int maxlen)
     const int nseq = 1 + (int)(rng() % 4);
     const std::vector<int> lq = ragged(rng, nseq, maxlen);
     c.cu_q = cu_from_lengths(lq);
-    const int kmode = (int)(rng() % 4);
-    if (kmode == 1 || kmode == 2) {
-        std::vector<int> lk;
-        for (int l : lq) lk.push_back(kmode == 1 ? l + (int)(rng() % 60) : std::max(0, l - (int)(rng() % 20)));
-        c.cu_k = cu_from_lengths(lk);
-    }
+    set_random_keys(c, lq, rng);
     set_mask(c, all_masks[rng() % 6], rng);
-    if (rng() % 2) c.softcap = (float)pick(rng, {5, 30});
-    if (rng() % 4 == 0) c.alibi = alibi_slopes(c.H);
-    if (rng() % 3 == 0) c.scale = (float)(pick(rng, {3, 7, 13}) / 10.0);
+    set_random_logit_options(c, rng);
     c.block_q = pick(rng, {0, 1, 7, 32, 64, 256, 512});
     c.block_k = pick(rng, {0, 1, 7, 32, 64, 256, 512});
     if (c.block_q == 1 && c.block_k == 1) c.block_k = 7; // keep the 1x1 tiling cheap
@@ -94,17 +41,15 @@ AttnConfig random_config(std::mt19937_64 &rng, ringattn_dtype_t dt, int maxlen)
     return c;
 }
 
+// support/cases.hpp's run_case (no bias in this file).
 void run_case(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk = 1.0,
               bool determinism = false)
 {
-    Problem pb(c, st, rng, sigma_qk);
-    Plan plan(c);
-    INFO("config: " << c.describe() << " storage=" << (int)st);
-    INFO("plan_create: " << ringattn_last_error());
-    REQUIRE(plan.ok());
-    CheckOptions opt;
-    opt.check_determinism = determinism;
-    check_against_oracle(plan, pb, opt);
+    CaseOpts o;
+    o.st = st;
+    o.sigma_qk = sigma_qk;
+    o.determinism = determinism;
+    ratest::run_case(c, rng, o);
 }
 
 } // namespace
@@ -114,9 +59,7 @@ TEST_CASE("random shapes, masks and options, float32", "[fwd][bwd]")
     for (int it = 0; it < 100; ++it) {
         std::mt19937_64 rng(seed_for("fb-random-f32", (uint64_t)it));
         AttnConfig c = random_config(rng, RINGATTN_FLOAT32, 120);
-        Storage st = (Storage)(rng() % 4);
-        if (st == Storage::Interleaved && !c.cu_k.empty()) st = Storage::Padded;
-        run_case(c, st, rng, c.softcap > 0 ? 2.5 : 1.0);
+        run_case(c, random_storage(rng, c), rng, c.softcap > 0 ? 2.5 : 1.0);
     }
 }
 
@@ -125,9 +68,7 @@ TEST_CASE("random shapes, masks and options, float16 and bfloat16", "[fwd][bwd][
     for (int it = 0; it < 60; ++it) {
         std::mt19937_64 rng(seed_for("fb-random-half", (uint64_t)it));
         AttnConfig c = random_config(rng, it % 2 ? RINGATTN_BFLOAT16 : RINGATTN_FLOAT16, 100);
-        Storage st = (Storage)(rng() % 4);
-        if (st == Storage::Interleaved && !c.cu_k.empty()) st = Storage::Padded;
-        run_case(c, st, rng, c.softcap > 0 ? 2.5 : 1.0);
+        run_case(c, random_storage(rng, c), rng, c.softcap > 0 ? 2.5 : 1.0);
     }
 }
 
@@ -213,12 +154,7 @@ TEST_CASE("rows with no allowed key: fewer keys than queries and narrow windows"
             c.cu_k = cu_from_lengths({30, 0, 25});
             c.block_q = 8;
             c.block_k = 8;
-            switch (variant) {
-            case 0: c.causal = true; break;                   // first 30 rows of seq 0 empty
-            case 1: c.wl = -1, c.wr = 3; break;               // rows with p - 30 + 3 < 0 empty
-            case 2: c.causal = true, c.wl = 2; break;
-            case 3: c.wl = 0, c.wr = 0, c.softcap = 4; break;
-            }
+            set_empty_rows_mask(c, variant);
             run_case(c, Storage::Padded, rng);
         }
 }
@@ -345,8 +281,7 @@ TEST_CASE("without a communicator every layout is the single-device result", "[f
         Plan base(c);
         REQUIRE(base.ok());
         REQUIRE(check_against_oracle(base, pb));
-        const auto o = pb.o.buf->bytes, dq = pb.dq.buf->bytes, dk = pb.dk.buf->bytes, dv = pb.dv.buf->bytes;
-        const std::vector<float> lse = pb.lse;
+        const Outputs ref(pb);
         for (ringattn_layout_t lay : {RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED}) {
             AttnConfig cl = c;
             cl.layout = lay;
@@ -357,11 +292,9 @@ TEST_CASE("without a communicator every layout is the single-device result", "[f
             pb.poison_backward_outputs();
             REQUIRE(run_forward(plan, pb) == RINGATTN_SUCCESS);
             REQUIRE(run_backward(plan, pb) == RINGATTN_SUCCESS);
-            CHECK(pb.o.buf->bytes == o);
-            CHECK(std::memcmp(pb.lse.data(), lse.data(), lse.size() * sizeof(float)) == 0);
-            CHECK(pb.dq.buf->bytes == dq);
-            CHECK(pb.dk.buf->bytes == dk);
-            CHECK(pb.dv.buf->bytes == dv);
+            const Outputs got(pb);
+            check_same_forward(got, ref);
+            check_same_backward(got, ref);
         }
     }
 }
@@ -390,14 +323,8 @@ TEST_CASE("odd head dims (1, 3, 255) and D_v far from D", "[fwd][bwd]")
 TEST_CASE("empty batches: no sequences, only empty sequences, keys without queries", "[fwd][bwd]")
 {
     // Keys that no query sees still get their dK, dV written: exactly 0 (they were NaN).
-    const std::vector<int32_t> cases[][2] = {
-        {{0}, {}},
-        {{0, 0, 0}, {}},
-        {{0, 0, 0}, {0, 0, 5}},
-        {{0, 0, 3}, {0, 4, 4}},
-    };
     int idx = 0;
-    for (auto &cu : cases)
+    for (auto &cu : empty_batches)
         for (bool causal : {false, true}) {
             std::mt19937_64 rng(seed_for("fb-empty", (uint64_t)idx++));
             AttnConfig c;
@@ -408,8 +335,7 @@ TEST_CASE("empty batches: no sequences, only empty sequences, keys without queri
             c.causal = causal;
             Problem pb(c, Storage::Packed, rng);
             Plan plan(c);
-            INFO("plan_create: " << ringattn_last_error());
-            REQUIRE(plan.ok());
+            require_plan(plan);
             REQUIRE(check_against_oracle(plan, pb));
             bool zero = true;
             for (int64_t t = 0; t < c.Tk(); ++t)

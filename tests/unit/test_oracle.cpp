@@ -8,7 +8,7 @@
 #include <random>
 
 #include "masks/mask.h"
-#include "support/shim.hpp"
+#include "support/cases.hpp"
 
 using namespace ratest;
 
@@ -22,22 +22,9 @@ TEST_CASE("oracle mask equals ra__allowed for every pair", "[oracle]")
         c.H = 1;
         c.D = 1;
         std::vector<int> lq, lk;
-        const int nseq = 1 + (int)(rng() % 3);
-        for (int s = 0; s < nseq; ++s) {
-            lq.push_back((int)(rng() % 12));
-            lk.push_back(rng() % 3 == 0 ? (int)(rng() % 12) : lq.back() + (int)(rng() % 5));
-        }
-        c.cu_q = cu_from_lengths(lq);
-        c.cu_k = cu_from_lengths(lk);
-        c.causal = rng() % 2;
-        const int ws[] = {-1, 0, 1, 3, 20};
-        c.wl = ws[rng() % 5];
-        c.wr = ws[rng() % 5];
-        const int64_t Tq = c.Tq(), Tk = c.Tk();
-        c.Dv = (int)std::max<int64_t>(1, Tk);
-        Dense Q(Tq, 1, 1), K(Tk, 1, 1), V(Tk, 1, c.Dv);
-        for (int64_t j = 0; j < Tk; ++j) V.at(j, 0, (int)j) = 1.0;
-        const FwdResult r = oracle_forward(c, Q, K, V);
+        random_small_masked_batch(c, rng, 12, lq, lk);
+        const int nseq = (int)lq.size();
+        const FwdResult r = oracle_one_hot_forward(c);
         const ra_window w = {c.wl, c.causal ? 0 : c.wr};
         int bad = 0;
         for (int sq = 0; sq < nseq; ++sq)
