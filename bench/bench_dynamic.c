@@ -22,7 +22,8 @@
  * normwise); every output (dK, dV, dBias too) must be finite, and sum_j dBias (0 analytically)
  * must be within the SPEC 9 bound (|sum| <= 1e-4 sqrt(T) ||dBias||_2). wrong = 1 above the
  * tolerance; any wrong result makes the exit status 1. Then JSON lines (stdout, or --json FILE).
- * See --help and bench/README.md.
+ * See --help and bench/README.md. The helpers it shares with the other benchmarks are in
+ * common.h.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <ringattn.h>
@@ -35,6 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define BENCH_NAME "bench_dynamic"
+#include "common.h"
 
 enum { MAX_LIST = 16 };
 
@@ -50,36 +54,6 @@ typedef struct {
 
 /* ---------------------------------------------------------------- utilities */
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "bench_dynamic: out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double unit(uint64_t *s) { return (double)(splitmix(s) >> 11) / 9007199254740992.0; }
-
-static float *random_floats(int64_t n, uint64_t *seed) { /* uniform [-1, 1) */
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; ++i) p[i] = (float)(unit(seed) * 2.0 - 1.0);
-    return p;
-}
-
 static float *normal_floats(int64_t n, uint64_t *seed) { /* N(0, 1), Box-Muller */
     float *p = xmalloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i += 2) {
@@ -88,18 +62,6 @@ static float *normal_floats(int64_t n, uint64_t *seed) { /* N(0, 1), Box-Muller 
         if (i + 1 < n) p[i + 1] = (float)(r * sin(a));
     }
     return p;
-}
-
-static float *touched_floats(int64_t n) { /* fault the pages in before timing */
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    memset(p, 0, sizeof(float) * (size_t)n);
-    return p;
-}
-
-static int all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; ++i)
-        if (!isfinite(x[i])) return 0;
-    return 1;
 }
 
 /* ---------------------------------------------------------------- problem (one sequence) */
@@ -176,12 +138,6 @@ static int kept_keys(const problem_t *p, int hb, int i, ranked_t *scratch) {
     return p->keep_k;
 }
 
-typedef struct {
-    int nrows;
-    int *rows;
-    double *o, *lse, *dq; /* [nrows][H][D], [nrows][H], [nrows][H][D] (dq: when backward) */
-} reference_t;
-
 static void reference_row(const problem_t *p, int i, int h, const ranked_t *kept, int nk, double *s,
                           double *o, double *lse, double *dq) {
     const int D = p->D, hk = h / (p->H / p->HKV), hb = hk; /* H_b = H_kv */
@@ -220,18 +176,11 @@ static void reference_row(const problem_t *p, int i, int h, const ranked_t *kept
 static void reference_init(reference_t *r, const problem_t *p, int nrows, int backward,
                            uint64_t seed) {
     const int H = p->H, D = p->D, G = p->H / p->HKV;
-    r->nrows = nrows < p->T ? nrows : p->T;
-    r->rows = xmalloc(sizeof(int) * (size_t)r->nrows);
-    r->o = xmalloc(sizeof(double) * (size_t)r->nrows * H * D);
-    r->dq = backward ? xmalloc(sizeof(double) * (size_t)r->nrows * H * D) : NULL;
-    r->lse = xmalloc(sizeof(double) * (size_t)r->nrows * H);
+    reference_alloc(r, nrows, p->T, H, D, backward);
     ranked_t *scratch = xmalloc(sizeof(ranked_t) * (size_t)p->T);
     double *s = xmalloc(sizeof(double) * (size_t)p->T);
     for (int n = 0; n < r->nrows; ++n) {
-        const int i = r->nrows == p->T ? n
-                      : n == 0        ? 0
-                      : n == 1        ? p->T - 1
-                                      : (int)(splitmix(&seed) % (uint64_t)p->T);
+        const int i = sample_row(n, r->nrows, p->T, &seed);
         r->rows[n] = i;
         for (int hb = 0; hb < p->HKV; ++hb) {
             const int nk = kept_keys(p, hb, i, scratch);
@@ -245,26 +194,6 @@ static void reference_init(reference_t *r, const problem_t *p, int nrows, int ba
     free(scratch), free(s);
 }
 
-static void reference_free(reference_t *r) { free(r->rows), free(r->o), free(r->lse), free(r->dq); }
-
-/* forward: max(rel err O, rel err LSE), max-norm relative; INFINITY on any non-finite output */
-static double forward_error(const problem_t *p, const reference_t *r) {
-    const int H = p->H, D = p->D;
-    if (!all_finite(p->o, (int64_t)p->T * H * D) || !all_finite(p->lse, (int64_t)p->T * H))
-        return INFINITY;
-    double eo = 0, ro = 0, el = 0, rl = 0;
-    for (int n = 0; n < r->nrows; ++n)
-        for (int h = 0; h < H; ++h) {
-            const float *o = p->o + ((int64_t)r->rows[n] * H + h) * D;
-            const double *ref = r->o + ((int64_t)n * H + h) * D;
-            for (int c = 0; c < D; ++c) eo = fmax(eo, fabs(o[c] - ref[c])), ro = fmax(ro, fabs(ref[c]));
-            const double rlse = r->lse[(int64_t)n * H + h];
-            el = fmax(el, fabs(p->lse[(int64_t)h * p->T + r->rows[n]] - rlse));
-            rl = fmax(rl, fabs(rlse));
-        }
-    return fmax(eo / fmax(ro, 1e-30), el / fmax(rl, 1e-30));
-}
-
 /* backward: normwise relative error of dQ on the sampled rows, and the dBias sum against the
    SPEC 9 bound (|sum_j dBias| <= 1e-4 sqrt(T) ||dBias||_2, reported scaled to the same 1e-4);
    dK, dV, dBias must be finite */
@@ -274,14 +203,7 @@ static double backward_error(const problem_t *p, const reference_t *r) {
     if (!all_finite(p->dq, nq) || !all_finite(p->dk, nk) || !all_finite(p->dv, nk) ||
         !all_finite(p->dbias, (int64_t)p->HKV * p->T))
         return INFINITY;
-    double e2 = 0, r2 = 0;
-    for (int n = 0; n < r->nrows; ++n)
-        for (int h = 0; h < H; ++h) {
-            const float *g = p->dq + ((int64_t)r->rows[n] * H + h) * D;
-            const double *ref = r->dq + ((int64_t)n * H + h) * D;
-            for (int c = 0; c < D; ++c) e2 += (g[c] - ref[c]) * (g[c] - ref[c]), r2 += ref[c] * ref[c];
-        }
-    double worst = sqrt(e2) / fmax(sqrt(r2), 1e-30);
+    double worst = dq_error(r, H, D, p->dq);
     for (int hb = 0; hb < p->HKV; ++hb) {
         double sum = 0, sq = 0;
         for (int j = 0; j < p->T; ++j) {
@@ -302,17 +224,11 @@ typedef struct {
 
 static int make_plan(const problem_t *p, int threads, run_t *r) {
     const int32_t cu[2] = {0, p->T};
-    ringattn_plan_desc_t desc = RINGATTN_PLAN_DESC_INIT;
-    desc.num_heads = p->H;
-    desc.num_kv_heads = p->HKV;
-    desc.head_dim = p->D;
-    desc.num_seqs = 1;
-    desc.cu_seqlens = cu;
+    ringattn_plan_desc_t desc = one_sequence_desc(cu, p->H, p->HKV, p->D, threads);
     desc.causal = 1;
     desc.window_left = p->window_left;
     desc.key_bias_heads = p->HKV;
     desc.keep_k = p->keep_k;
-    desc.num_threads = threads;
     r->plan = NULL;
     const ringattn_status_t st = ringattn_plan_create(NULL, &desc, &r->plan);
     if (st != RINGATTN_SUCCESS) {
@@ -363,11 +279,11 @@ typedef struct {
 static void density_round(problem_t *p, density_t *d, int check, const options_t *opt) {
     if (!d->run.plan) return;
     const double f = measure(&d->run, 0, 1);
-    reference_t ref;
+    reference_t ref = {0}; /* filled when checked */
     p->keep_k = d->keep_k;
     if (check && f >= 0) {
         reference_init(&ref, p, opt->sample, 1, 7 + (uint64_t)d->keep_k);
-        d->fwd_err = forward_error(p, &ref); /* O and LSE of this forward */
+        d->fwd_err = forward_error(&ref, p->T, p->H, p->D, p->o, p->lse); /* of this forward */
     }
     const double b = f >= 0 ? measure(&d->run, 1, 1) : -1;
     if (check && f >= 0) {
@@ -465,7 +381,7 @@ static void select_row(const options_t *opt, int T, select_t *s, uint64_t seed) 
         ok = measure(&r[k], 0, 1) >= 0;
         reference_t ref;
         reference_init(&ref, &p, opt->sample, 0, seed + 1);
-        err[k] = forward_error(&p, &ref);
+        err[k] = forward_error(&ref, p.T, p.H, p.D, p.o, p.lse);
         reference_free(&ref);
     }
     for (int k = 0; k < 2; ++k) ringattn_plan_destroy(r[k].plan);
@@ -572,41 +488,16 @@ static int parse(int argc, char **argv, options_t *o) {
 
 /* ---------------------------------------------------------------- main */
 
-static void print_blas(void) {
-    const char *core = openblas_get_corename();
-    printf("# BLAS: %s (kernels: %s)\n", openblas_get_config(), core);
-    const int generic = !strcmp(core, "Prescott") || !strcmp(core, "Core2") ||
-                        !strcmp(core, "Penryn") || !strcmp(core, "Nehalem") || !strcmp(core, "Dunnington");
-    __builtin_cpu_init();
-    const int avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-    if (generic && (avx2 || avx512))
-        printf("# warning: OpenBLAS chose its %s kernels although this CPU has %s; ringattn's tile\n"
-               "#   products run several times slower than they can. Set OPENBLAS_CORETYPE=%s.\n",
-               core, avx512 ? "AVX-512" : "AVX2", avx512 ? "SkylakeX" : "Haswell");
-}
-
-static void json_ratio(const char *name, double value, double target) {
-    if (!json) return;
-    char v[32] = "null"; /* not measured */
-    if (isfinite(value)) snprintf(v, sizeof v, "%.4f", value);
-    fprintf(json, "{\"type\":\"ratio\",\"name\":\"%s\",\"value\":%s,\"target\":%g}\n", name, v, target);
-}
-
 int main(int argc, char **argv) {
     options_t opt;
     if (!parse(argc, argv, &opt)) return 2;
-    if (!opt.no_json) {
-        json = opt.json_path ? fopen(opt.json_path, "w") : tmpfile();
-        if (!json) {
-            perror(opt.json_path ? opt.json_path : "tmpfile");
-            return 2;
-        }
-    }
+    if (!opt.no_json && !(json = json_open(opt.json_path))) return 2;
     const int threads = opt.threads ? opt.threads : omp_get_max_threads();
     printf("# ringattn %s bench_dynamic: backend cpu, ranks 1, threads %d, causal, heads %d, "
            "kv heads %d, bias heads %d, dim %d\n", ringattn_version_string(), threads, opt.heads,
            opt.kv_heads, opt.kv_heads, opt.dim);
-    print_blas();
+    print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; ringattn's tile\n"
+               "#   products run several times slower than they can. Set OPENBLAS_CORETYPE=%s.\n");
     printf("# key bias ~ N(0, 1); keep_k 0 = the same bias, no selection; kept%% = kept / valid "
            "(query, key) pairs; ratio = (fwd + bwd) / (fwd + bwd with keep_k 0); best of %d\n",
            opt.reps);
@@ -642,7 +533,7 @@ int main(int argc, char **argv) {
                opt.seq == 16384 ? (ratio8 <= 0.3 ? ": met" : ": MISSED") : ", tracked at T = 16384");
     else
         printf("not measured (--keep with 8)\n");
-    json_ratio("time_keepT8_over_no_selection", ratio8, 0.3);
+    json_ratio(json, "time_keepT8_over_no_selection", ratio8, 0.3);
     if (opt.nselect >= 2 && !sel[0].wrong && !sel[opt.nselect - 1].wrong) {
         const select_t *a = &sel[0], *b = &sel[opt.nselect - 1];
         const double growth = b->ns_per_tlogt / a->ns_per_tlogt;
@@ -650,14 +541,9 @@ int main(int argc, char **argv) {
                "keeps it flat, O(T^2) would give x%.1f)\n", a->ns_per_tlogt, a->seq,
                b->ns_per_tlogt, b->seq, growth,
                (double)b->seq / a->seq * log2((double)a->seq) / log2((double)b->seq));
-        json_ratio("selection_ns_per_TlogT_growth", growth, 1.0);
+        json_ratio(json, "selection_ns_per_TlogT_growth", growth, 1.0);
     }
-    if (json && !opt.json_path) { /* JSON lines after the tables */
-        rewind(json);
-        char line[1024];
-        while (fgets(line, sizeof line, json)) fputs(line, stdout);
-    }
-    if (json) fclose(json);
+    json_close(json, opt.json_path); /* the JSON lines after the tables, unless --json FILE */
     if (failures) printf("# %d wrong or failed result(s)\n", failures);
     return failures ? 1 : 0;
 }

@@ -12,7 +12,8 @@
  * and any wrong result makes the exit status 1. layout "naive" rows are a dense plain-loop
  * float32 implementation (single thread) at T = 1024, for comparison.
  *
- * Run with --help for the flags; bench/README.md explains the output.
+ * Run with --help for the flags; bench/README.md explains the output. The helpers it shares with
+ * the other benchmarks are in common.h.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <ringattn.h>
@@ -25,6 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define BENCH_NAME "bench_local"
+#include "common.h"
 
 enum { MASK_NONE, MASK_CAUSAL, MASK_WINDOW, NUM_MASKS };
 static const char *const mask_names[NUM_MASKS] = {"none", "causal", "win1024"};
@@ -55,43 +59,6 @@ typedef struct {
 
 static result_t *results;
 static int nresults, cap_results;
-
-/* ---------------------------------------------------------------- utilities */
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "bench_local: out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float *random_floats(int64_t n, uint64_t *seed) {
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; ++i)
-        p[i] = (float)((double)(splitmix(seed) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-    return p;
-}
-
-static float *touched_floats(int64_t n) { /* fault the pages in before timing */
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    memset(p, 0, sizeof(float) * (size_t)n);
-    return p;
-}
 
 /* ---------------------------------------------------------------- masks (SPEC 3, one sequence) */
 
@@ -145,62 +112,19 @@ static void problem_free(problem_t *p) {
 
 /* ---------------------------------------------------------------- float64 reference, sampled rows */
 
-typedef struct {
-    int nrows;
-    int *rows;
-    double *o, *lse, *dq; /* [nrows][H][D], [nrows][H], [nrows][H][D] */
-} reference_t;
-
 static void reference_row(const problem_t *p, int i, int h, double *o, double *lse, double *dq) {
     const int D = p->D, hk = h / (p->H / p->HKV);
-    const double scale = 1.0 / sqrt((double)D);
     int lo, hi;
     key_range(p->mask, p->T, i, &lo, &hi);
-    const float *qi = p->q + ((int64_t)i * p->H + h) * D;
-    const float *di = p->dout + ((int64_t)i * p->H + h) * D;
-    double *s = xmalloc(sizeof(double) * (size_t)(hi - lo + 1)), m = -INFINITY, l = 0.0;
-    double *g = calloc((size_t)D, sizeof(double));
-    for (int c = 0; c < D; ++c) o[c] = 0.0;
-    for (int j = lo; j <= hi; ++j) {
-        const float *kj = p->k + ((int64_t)j * p->HKV + hk) * D;
-        double d = 0.0;
-        for (int c = 0; c < D; ++c) d += (double)qi[c] * kj[c];
-        s[j - lo] = d * scale;
-        m = fmax(m, s[j - lo]);
-    }
-    for (int j = lo; j <= hi; ++j) {
-        const float *vj = p->v + ((int64_t)j * p->HKV + hk) * D;
-        s[j - lo] = exp(s[j - lo] - m);
-        l += s[j - lo];
-        for (int c = 0; c < D; ++c) o[c] += s[j - lo] * vj[c];
-    }
-    double dsum = 0.0;
-    for (int c = 0; c < D; ++c) o[c] /= l, dsum += di[c] * o[c];
-    *lse = m + log(l);
-    for (int j = lo; j <= hi; ++j) { /* SPEC 7 for row i alone */
-        const float *kj = p->k + ((int64_t)j * p->HKV + hk) * D;
-        const float *vj = p->v + ((int64_t)j * p->HKV + hk) * D;
-        double dp = 0.0;
-        for (int c = 0; c < D; ++c) dp += (double)di[c] * vj[c];
-        const double ds = s[j - lo] / l * (dp - dsum);
-        for (int c = 0; c < D; ++c) g[c] += ds * kj[c];
-    }
-    for (int c = 0; c < D; ++c) dq[c] = scale * g[c];
-    free(s), free(g);
+    const int64_t at = ((int64_t)i * p->H + h) * D;
+    reference_row_range(p->q + at, p->dout + at, p->k, p->v, p->HKV, hk, D, lo, hi, o, lse, dq);
 }
 
 static void reference_init(reference_t *r, const problem_t *p, int nrows, uint64_t seed) {
     const int H = p->H, D = p->D;
-    r->nrows = nrows < p->T ? nrows : p->T;
-    r->rows = xmalloc(sizeof(int) * (size_t)r->nrows);
-    r->o = xmalloc(sizeof(double) * (size_t)r->nrows * H * D);
-    r->dq = xmalloc(sizeof(double) * (size_t)r->nrows * H * D);
-    r->lse = xmalloc(sizeof(double) * (size_t)r->nrows * H);
+    reference_alloc(r, nrows, p->T, H, D, 1);
     for (int n = 0; n < r->nrows; ++n) {
-        r->rows[n] = r->nrows == p->T ? n
-                     : n == 0        ? 0
-                     : n == 1        ? p->T - 1
-                                     : (int)(splitmix(&seed) % (uint64_t)p->T);
+        r->rows[n] = sample_row(n, r->nrows, p->T, &seed);
         for (int h = 0; h < H; ++h) {
             const int64_t at = ((int64_t)n * H + h) * D;
             reference_row(p, r->rows[n], h, r->o + at, r->lse + (int64_t)n * H + h, r->dq + at);
@@ -208,45 +132,11 @@ static void reference_init(reference_t *r, const problem_t *p, int nrows, uint64
     }
 }
 
-static void reference_free(reference_t *r) { free(r->rows), free(r->o), free(r->lse), free(r->dq); }
-
-static int all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; ++i)
-        if (!isfinite(x[i])) return 0;
-    return 1;
-}
-
-/* forward: max(rel err O, rel err LSE), max-norm relative; INFINITY on any non-finite output */
-static double forward_error(const problem_t *p, const reference_t *r) {
-    const int H = p->H, D = p->D;
-    if (!all_finite(p->o, (int64_t)p->T * H * D) || !all_finite(p->lse, (int64_t)p->T * H))
-        return INFINITY;
-    double eo = 0, ro = 0, el = 0, rl = 0;
-    for (int n = 0; n < r->nrows; ++n)
-        for (int h = 0; h < H; ++h) {
-            const float *o = p->o + ((int64_t)r->rows[n] * H + h) * D;
-            const double *ref = r->o + ((int64_t)n * H + h) * D;
-            for (int c = 0; c < D; ++c) eo = fmax(eo, fabs(o[c] - ref[c])), ro = fmax(ro, fabs(ref[c]));
-            const double rlse = r->lse[(int64_t)n * H + h];
-            el = fmax(el, fabs(p->lse[(int64_t)h * p->T + r->rows[n]] - rlse));
-            rl = fmax(rl, fabs(rlse));
-        }
-    return fmax(eo / fmax(ro, 1e-30), el / fmax(rl, 1e-30));
-}
-
 /* backward: normwise relative error of dQ on the sampled rows; dK, dV only checked finite */
 static double backward_error(const problem_t *p, const reference_t *r) {
-    const int H = p->H, D = p->D;
-    const int64_t nq = (int64_t)p->T * H * D, nk = (int64_t)p->T * p->HKV * D;
+    const int64_t nq = (int64_t)p->T * p->H * p->D, nk = (int64_t)p->T * p->HKV * p->D;
     if (!all_finite(p->dq, nq) || !all_finite(p->dk, nk) || !all_finite(p->dv, nk)) return INFINITY;
-    double e2 = 0, r2 = 0;
-    for (int n = 0; n < r->nrows; ++n)
-        for (int h = 0; h < H; ++h) {
-            const float *g = p->dq + ((int64_t)r->rows[n] * H + h) * D;
-            const double *ref = r->dq + ((int64_t)n * H + h) * D;
-            for (int c = 0; c < D; ++c) e2 += (g[c] - ref[c]) * (g[c] - ref[c]), r2 += ref[c] * ref[c];
-        }
-    return sqrt(e2) / fmax(sqrt(r2), 1e-30);
+    return dq_error(r, p->H, p->D, p->dq);
 }
 
 /* ---------------------------------------------------------------- naive dense float32 */
@@ -427,7 +317,7 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
         r.time_ms = 1e3 * secs;
         r.gflops = flop / secs * 1e-9;
         r.eff = 100.0 * r.gflops / ceiling_for(threads);
-        r.err = bwd ? backward_error(p, ref) : forward_error(p, ref);
+        r.err = bwd ? backward_error(p, ref) : forward_error(ref, p->T, p->H, p->D, p->o, p->lse);
         r.wrong = !(r.err <= (bwd ? 1e-4 : 1e-5)); /* SPEC 9, float32 */
     } else {
         r.err = INFINITY;
@@ -443,15 +333,9 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
 
 static void bench_library(const options_t *opt, problem_t *p, const reference_t *ref, int threads) {
     const int32_t cu[2] = {0, p->T};
-    ringattn_plan_desc_t desc = RINGATTN_PLAN_DESC_INIT;
-    desc.num_heads = p->H;
-    desc.num_kv_heads = p->HKV;
-    desc.head_dim = p->D;
-    desc.num_seqs = 1;
-    desc.cu_seqlens = cu;
+    ringattn_plan_desc_t desc = one_sequence_desc(cu, p->H, p->HKV, p->D, threads);
     desc.causal = p->mask != MASK_NONE;
     mask_window(p->mask, &desc.window_left, &desc.window_right);
-    desc.num_threads = threads;
     lib_ctx_t c = {NULL, RINGATTN_TENSORS_INIT};
     const ringattn_status_t st = ringattn_plan_create(NULL, &desc, &c.plan);
     if (st != RINGATTN_SUCCESS) {
@@ -490,14 +374,6 @@ static const result_t *find(int seq, int dim, int mask, int threads, int bwd) {
     return NULL;
 }
 
-static void json_ratio(const char *name, double value, double target) {
-    if (!json) return;
-    char v[32] = "null"; /* not measured */
-    if (isfinite(value)) snprintf(v, sizeof v, "%.4f", value);
-    fprintf(json, "{\"type\":\"ratio\",\"name\":\"%s\",\"value\":%s,\"target\":%g}\n", name, v,
-            target);
-}
-
 static void print_ratios(const options_t *opt) {
     int all = 0;
     for (int i = 0; i < opt->nthreads; ++i) all = opt->threads[i] > all ? opt->threads[i] : all;
@@ -512,7 +388,7 @@ static void print_ratios(const options_t *opt) {
         else
             printf("#   %s eff%% at T=8192 no mask: %s (--seq 8192 --dim 128 --mask none)\n",
                    bwd ? "backward" : "forward ", hint);
-        json_ratio(bwd ? "bwd_eff_pct_T8192_D128_none" : "fwd_eff_pct_T8192_D128_none",
+        json_ratio(json, bwd ? "bwd_eff_pct_T8192_D128_none" : "fwd_eff_pct_T8192_D128_none",
                    r ? r->eff : NAN, target);
     }
     for (int bwd = 0; bwd < 2; ++bwd) {
@@ -525,7 +401,7 @@ static void print_ratios(const options_t *opt) {
         else
             printf("#   %s time(T=32768)/time(T=8192), window 1024: %s (--seq 8192,32768 --mask window)\n",
                    bwd ? "backward" : "forward ", hint);
-        json_ratio(bwd ? "bwd_time_T32768_over_T8192_win1024" : "fwd_time_T32768_over_T8192_win1024",
+        json_ratio(json, bwd ? "bwd_time_T32768_over_T8192_win1024" : "fwd_time_T32768_over_T8192_win1024",
                    ratio, 4.4);
     }
 }
@@ -640,34 +516,16 @@ static int skipped(const options_t *o, int T, int mask, int threads) {
     return mask != MASK_WINDOW && limit && T > limit;
 }
 
-static void print_blas(void) {
-    const char *core = openblas_get_corename();
-    printf("# BLAS: %s (kernels: %s)\n", openblas_get_config(), core);
-    const int generic = !strcmp(core, "Prescott") || !strcmp(core, "Core2") ||
-                        !strcmp(core, "Penryn") || !strcmp(core, "Nehalem") || !strcmp(core, "Dunnington");
-    __builtin_cpu_init();
-    const int avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-    if (generic && (avx2 || avx512))
-        printf("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
-               "#   ceiling) and ringattn's tile products run several times slower than they can.\n"
-               "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n",
-               core, avx512 ? "AVX-512" : "AVX2", avx512 ? "SkylakeX" : "Haswell");
-}
-
 int main(int argc, char **argv) {
     options_t opt;
     if (!parse(argc, argv, &opt)) return 2;
-    if (!opt.no_json) {
-        json = opt.json_path ? fopen(opt.json_path, "w") : tmpfile();
-        if (!json) {
-            perror(opt.json_path ? opt.json_path : "tmpfile");
-            return 2;
-        }
-    }
+    if (!opt.no_json && !(json = json_open(opt.json_path))) return 2;
     const int max_threads = omp_get_max_threads();
     printf("# ringattn %s bench_local: backend cpu, ranks 1, threads 1..%d, kv heads %d\n",
            ringattn_version_string(), max_threads, opt.kv_heads);
-    print_blas();
+    print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
+               "#   ceiling) and ringattn's tile products run several times slower than they can.\n"
+               "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n");
     const double tile = sgemm_gflops(128, 128, 128, 1, 0.2);
     const double c1 = ceiling_for(1), cn = ceiling_for(max_threads);
     for (int i = 0; i < opt.nthreads; ++i) ceiling_for(opt.threads[i]);
@@ -710,12 +568,7 @@ int main(int argc, char **argv) {
             problem_free(&p);
         }
     print_ratios(&opt);
-    if (json && !opt.json_path) { /* JSON lines after the table */
-        rewind(json);
-        char line[1024];
-        while (fgets(line, sizeof line, json)) fputs(line, stdout);
-    }
-    if (json) fclose(json);
+    json_close(json, opt.json_path); /* the JSON lines after the table, unless --json FILE */
     if (failures) printf("# %d wrong or failed result(s)\n", failures);
     return failures ? 1 : 0;
 }

@@ -16,7 +16,7 @@
  * 3. Overlap. ring time against compute time (the same shards over the threads transport, minus
  *    its in-process copies) and exchange time (the ring's own messages alone, MPI_Isend/Irecv);
  *    hidden = (compute + exchange - ring) / exchange. Also the time the ring spends inside MPI
- *    calls, measured with the MPI profiling interface (PMPI wrappers below).
+ *    calls, measured with the MPI profiling interface (PMPI wrappers in bench_ring_overlap.c).
  *
  * Every ring result is checked on a sample of rows against the single-rank plan's output on
  * rank 0 (O and LSE within 1e-5 relative, dQ, dK, dV within 1e-4 normwise, SPEC 9 float32),
@@ -24,6 +24,11 @@
  * Output: a '#' banner, the table
  *     seq heads dim mask layout ranks pass time_ms GFLOP/s eff% wrong
  * then the traffic and overlap tables, the tracked figures, and JSON lines.
+ *
+ * This file: options, problems, the single-rank reference, the rings over MPI and over threads,
+ * the checks, the results table and main. bench_ring_traffic.c: token maps and traffic;
+ * bench_ring_overlap.c: PMPI timing, the exchange alone and overlap; bench_ring.h: what they
+ * share; common.h: what every benchmark shares.
  */
 #define _GNU_SOURCE /* pthread_attr_setaffinity_np; also clock_gettime, nanosleep, sysconf */
 #include <mpi.h>
@@ -41,88 +46,15 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { NUM_LAYOUTS = 3 };
-static const char *const layout_names[NUM_LAYOUTS] = {"contig", "zigzag", "striped"};
+#include "bench_ring.h"
 
-static int rank_, ranks_;
-static int failures;  /* wrong or failed results (rank 0's count is the verdict) */
-static FILE *json;    /* rank 0: JSON lines, printed after the tables unless --json FILE */
+const char *const layout_names[NUM_LAYOUTS] = {"contig", "zigzag", "striped"};
 
-/* ---------------------------------------------------------------- PMPI: time inside MPI */
-
-/* The library reaches MPI through these three calls (comm/mpi.c). While pmpi_on is set they
-   add up the wall time spent inside them: the part of the exchange the ring did not hide. */
-static int pmpi_on;
-static double pmpi_s, pmpi_max_s; /* total, longest single call */
-static long pmpi_calls;
-
-static void pmpi_add(double dt) {
-    pmpi_s += dt, ++pmpi_calls;
-    if (dt > pmpi_max_s) pmpi_max_s = dt;
-}
-
-int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
-              MPI_Request *req) {
-    if (!pmpi_on) return PMPI_Isend(buf, count, type, dest, tag, comm, req);
-    const double t0 = PMPI_Wtime();
-    const int rc = PMPI_Isend(buf, count, type, dest, tag, comm, req);
-    pmpi_add(PMPI_Wtime() - t0);
-    return rc;
-}
-
-int MPI_Irecv(void *buf, int count, MPI_Datatype type, int src, int tag, MPI_Comm comm,
-              MPI_Request *req) {
-    if (!pmpi_on) return PMPI_Irecv(buf, count, type, src, tag, comm, req);
-    const double t0 = PMPI_Wtime();
-    const int rc = PMPI_Irecv(buf, count, type, src, tag, comm, req);
-    pmpi_add(PMPI_Wtime() - t0);
-    return rc;
-}
-
-int MPI_Testall(int count, MPI_Request reqs[], int *flag, MPI_Status statuses[]) {
-    if (!pmpi_on) return PMPI_Testall(count, reqs, flag, statuses);
-    const double t0 = PMPI_Wtime();
-    const int rc = PMPI_Testall(count, reqs, flag, statuses);
-    pmpi_add(PMPI_Wtime() - t0);
-    return rc;
-}
+int rank_, ranks_;
+int failures;
+FILE *json;
 
 /* ---------------------------------------------------------------- utilities */
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "bench_ring: [rank %d] out of memory (%zu bytes)\n", rank_, bytes);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float *random_floats(int64_t n, uint64_t *seed) {
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; ++i)
-        p[i] = (float)((double)(splitmix(seed) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-    return p;
-}
-
-static float *zeros(int64_t n) { /* faulted in before any timing */
-    float *p = xmalloc(sizeof(float) * (size_t)n);
-    memset(p, 0, sizeof(float) * (size_t)n);
-    return p;
-}
 
 /* A barrier that sleeps: ranks waiting for rank 0's single-rank work leave the cores to it. */
 static void idle_barrier(void) {
@@ -135,12 +67,12 @@ static void idle_barrier(void) {
     }
 }
 
-static int all_ok(int ok) {
+int all_ok(int ok) {
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     return ok;
 }
 
-static int api_ok(const char *fn, ringattn_status_t st) {
+int api_ok(const char *fn, ringattn_status_t st) {
     if (st == RINGATTN_SUCCESS) return 1;
     fprintf(stderr, "bench_ring: [rank %d] %s: %s: %s\n", rank_, fn, ringattn_status_string(st),
             ringattn_last_error());
@@ -149,18 +81,13 @@ static int api_ok(const char *fn, ringattn_status_t st) {
 
 /* ---------------------------------------------------------------- problems and masks */
 
-typedef struct {
-    int T, H, HKV, D;
-    int window; /* > 0: causal sliding window of W tokens; 0: causal; -1: no mask */
-} shape_t;
-
-static void mask_name(const shape_t *s, char *buf, size_t n) {
+void mask_name(const shape_t *s, char *buf, size_t n) {
     if (s->window > 0) snprintf(buf, n, "win%d", s->window);
     else snprintf(buf, n, "%s", s->window == 0 ? "causal" : "none");
 }
 
 /* allowed keys [lo, hi] of query i (SPEC 3, one sequence, delta = 0) */
-static void key_range(const shape_t *s, int64_t i, int64_t *lo, int64_t *hi) {
+void key_range(const shape_t *s, int64_t i, int64_t *lo, int64_t *hi) {
     *lo = s->window > 0 && i - (s->window - 1) > 0 ? i - (s->window - 1) : 0;
     *hi = s->window >= 0 ? i : s->T - 1;
 }
@@ -179,12 +106,6 @@ static double flop(const shape_t *s, int bwd) { /* allowed pairs only, FlashAtte
     return allowed_pairs(s) * s->H * 4.0 * s->D * (bwd ? 2.5 : 1.0);
 }
 
-typedef struct {
-    shape_t s;
-    int32_t cu[2];
-    float *q, *k, *v, *dout; /* global, the same on every rank (one seed) */
-} problem_t;
-
 static void problem_init(problem_t *p, shape_t s, uint64_t seed) {
     const int64_t nq = (int64_t)s.T * s.H * s.D, nk = (int64_t)s.T * s.HKV * s.D;
     p->s = s;
@@ -198,33 +119,21 @@ static void problem_init(problem_t *p, shape_t s, uint64_t seed) {
 static void problem_free(problem_t *p) { free(p->q), free(p->k), free(p->v), free(p->dout); }
 
 static ringattn_plan_desc_t make_desc(const problem_t *p, int layout, int threads) {
-    ringattn_plan_desc_t d = RINGATTN_PLAN_DESC_INIT;
-    d.num_heads = p->s.H;
-    d.num_kv_heads = p->s.HKV;
-    d.head_dim = p->s.D;
+    ringattn_plan_desc_t d = one_sequence_desc(p->cu, p->s.H, p->s.HKV, p->s.D, threads);
     d.layout = (ringattn_layout_t)layout;
-    d.num_seqs = 1;
-    d.cu_seqlens = p->cu;
     d.causal = p->s.window >= 0;
     d.window_left = p->s.window > 0 ? p->s.window - 1 : -1;
-    d.num_threads = threads;
     return d;
 }
 
 /* ---------------------------------------------------------------- outputs of one run */
 
-typedef struct {
-    int64_t rows;
-    int32_t *tokens; /* global index of each row */
-    float *q, *k, *v, *dout, *o, *lse, *dq, *dk, *dv;
-} outputs_t;
-
 static void outputs_alloc(outputs_t *x, const shape_t *s, int64_t rows) {
     const int64_t nq = rows * s->H * s->D, nk = rows * s->HKV * s->D;
     x->rows = rows;
-    x->q = zeros(nq), x->dout = zeros(nq), x->o = zeros(nq), x->dq = zeros(nq);
-    x->k = zeros(nk), x->v = zeros(nk), x->dk = zeros(nk), x->dv = zeros(nk);
-    x->lse = zeros(rows * s->H);
+    x->q = touched_floats(nq), x->dout = touched_floats(nq), x->o = touched_floats(nq);
+    x->dq = touched_floats(nq), x->k = touched_floats(nk), x->v = touched_floats(nk);
+    x->dk = touched_floats(nk), x->dv = touched_floats(nk), x->lse = touched_floats(rows * s->H);
 }
 
 static void outputs_free(outputs_t *x) {
@@ -260,59 +169,20 @@ static int take_rows(ringattn_plan_t plan, const problem_t *p, outputs_t *x) {
 
 /* ---------------------------------------------------------------- the single-rank reference */
 
-typedef struct {
-    int nrows;
-    int32_t *rows; /* sampled global rows: first, last, random */
-} sample_t;
-
 static void sample_init(sample_t *smp, int T, int n, uint64_t seed) {
     smp->nrows = n < T ? n : T;
     smp->rows = xmalloc(sizeof(int32_t) * (size_t)smp->nrows);
-    for (int i = 0; i < smp->nrows; ++i)
-        smp->rows[i] = smp->nrows == T ? i : i == 0 ? 0 : i == 1 ? T - 1
-                                                  : (int32_t)(splitmix(&seed) % (uint64_t)T);
+    for (int i = 0; i < smp->nrows; ++i) smp->rows[i] = sample_row(i, smp->nrows, T, &seed);
 }
-
-typedef struct {
-    outputs_t out; /* global outputs (rank 0) */
-    double fwd_s, bwd_s;
-    double err_fwd, err_bwd; /* against float64 on the sample */
-    int ok;
-} single_t;
 
 /* float64 O, LSE, dQ of row i, head h (SPEC 2-7 for one row) */
 static void reference_row(const problem_t *p, int64_t i, int h, double *o, double *lse, double *dq) {
     const shape_t *s = &p->s;
-    const int D = s->D, hk = h / (s->H / s->HKV);
-    const double scale = 1.0 / sqrt((double)D);
     int64_t lo, hi;
     key_range(s, i, &lo, &hi);
-    const float *qi = p->q + (i * s->H + h) * D, *di = p->dout + (i * s->H + h) * D;
-    double *w = xmalloc(sizeof(double) * (size_t)(hi - lo + 1)), m = -INFINITY, l = 0.0, dsum = 0.0;
-    double *g = calloc((size_t)D, sizeof(double));
-    for (int c = 0; c < D; ++c) o[c] = 0.0;
-    for (int64_t j = lo; j <= hi; ++j) {
-        const float *kj = p->k + (j * s->HKV + hk) * D;
-        double d = 0.0;
-        for (int c = 0; c < D; ++c) d += (double)qi[c] * kj[c];
-        w[j - lo] = d * scale, m = fmax(m, w[j - lo]);
-    }
-    for (int64_t j = lo; j <= hi; ++j) {
-        const float *vj = p->v + (j * s->HKV + hk) * D;
-        w[j - lo] = exp(w[j - lo] - m), l += w[j - lo];
-        for (int c = 0; c < D; ++c) o[c] += w[j - lo] * vj[c];
-    }
-    for (int c = 0; c < D; ++c) o[c] /= l, dsum += di[c] * o[c];
-    *lse = m + log(l);
-    for (int64_t j = lo; j <= hi; ++j) {
-        const float *kj = p->k + (j * s->HKV + hk) * D, *vj = p->v + (j * s->HKV + hk) * D;
-        double dp = 0.0;
-        for (int c = 0; c < D; ++c) dp += (double)di[c] * vj[c];
-        const double ds = w[j - lo] / l * (dp - dsum);
-        for (int c = 0; c < D; ++c) g[c] += ds * kj[c];
-    }
-    for (int c = 0; c < D; ++c) dq[c] = scale * g[c];
-    free(w), free(g);
+    const int64_t at = (i * s->H + h) * s->D;
+    reference_row_range(p->q + at, p->dout + at, p->k, p->v, s->HKV, h / (s->H / s->HKV), s->D, lo,
+                        hi, o, lse, dq);
 }
 
 static void check_single(const problem_t *p, const sample_t *smp, single_t *r) {
@@ -359,86 +229,6 @@ static void run_single(const problem_t *p, int threads, int reps, const sample_t
         if (r->ok) check_single(p, smp, r);
     }
     idle_barrier();
-}
-
-/* ---------------------------------------------------------------- token maps -> mask needs */
-
-typedef struct {
-    int P, N;          /* ranks; ring steps the mask needs (1 + the longest journey) */
-    int64_t *count;    /* [P] tokens per rank */
-    int32_t **tokens;  /* [P][count] global indices in local row order */
-    char *meet;        /* [P * P] rank r's queries have an allowed pair with shard s */
-    int *last_hop;     /* [P] how far shard s must travel along the ring */
-    int *needers;      /* [P] OTHER ranks with an allowed pair with shard s */
-} ring_map_t;
-
-static int cmp_i32(const void *a, const void *b) {
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int holds_key_in(const int32_t *keys, int64_t n, int64_t lo, int64_t hi) {
-    int64_t a = 0, b = n; /* first key >= lo */
-    while (a < b) {
-        const int64_t m = (a + b) / 2;
-        if (keys[m] < lo) a = m + 1; else b = m;
-    }
-    return a < n && keys[a] <= hi;
-}
-
-/* counts and tokens: [P] arrays, taken over by the map */
-static void map_build(ring_map_t *m, const shape_t *s, int P, int64_t *count, int32_t **tokens) {
-    m->P = P, m->count = count, m->tokens = tokens;
-    m->meet = calloc((size_t)P * P, 1);
-    m->last_hop = calloc((size_t)P, sizeof(int));
-    m->needers = calloc((size_t)P, sizeof(int));
-    int32_t **sorted = xmalloc(sizeof(int32_t *) * (size_t)P);
-    for (int r = 0; r < P; ++r) {
-        sorted[r] = xmalloc(sizeof(int32_t) * (size_t)(count[r] + 1));
-        memcpy(sorted[r], tokens[r], sizeof(int32_t) * (size_t)count[r]);
-        qsort(sorted[r], (size_t)count[r], sizeof(int32_t), cmp_i32);
-    }
-    for (int r = 0; r < P; ++r)
-        for (int64_t i = 0; i < count[r]; ++i) {
-            int64_t lo, hi;
-            key_range(s, tokens[r][i], &lo, &hi);
-            for (int t = 0; t < P; ++t)
-                if (!m->meet[r * P + t] && holds_key_in(sorted[t], count[t], lo, hi)) m->meet[r * P + t] = 1;
-        }
-    m->N = 1;
-    for (int sh = 0; sh < P; ++sh) {
-        for (int j = 1; j < P; ++j) /* rank sh + j holds shard sh at step j */
-            if (m->meet[((sh + j) % P) * P + sh]) m->last_hop[sh] = j, ++m->needers[sh];
-        if (m->last_hop[sh] + 1 > m->N) m->N = m->last_hop[sh] + 1;
-    }
-    for (int r = 0; r < P; ++r) free(sorted[r]);
-    free(sorted);
-}
-
-static void map_free(ring_map_t *m) {
-    for (int r = 0; r < m->P; ++r) free(m->tokens[r]);
-    free(m->tokens), free(m->count), free(m->meet), free(m->last_hop), free(m->needers);
-}
-
-static double kv_bytes(const shape_t *s, const ring_map_t *m, int sh) { /* float32 K and V */
-    return (double)m->count[sh] * s->HKV * 2.0 * s->D * sizeof(float);
-}
-
-/* Lower bounds per call: shard s reaches needers(s) other ranks (its K/V; in the backward also
-   one float32 dK/dV message per needer, to the owner or on to the next needer). Per rank:
-   the K/V it must receive. */
-static void lower_bound(const shape_t *s, const ring_map_t *m, double *fwd_total,
-                        double *bwd_total, double *need) {
-    *fwd_total = *bwd_total = 0.0;
-    for (int sh = 0; sh < m->P; ++sh) {
-        *fwd_total += kv_bytes(s, m, sh) * m->needers[sh];
-        *bwd_total += 2.0 * kv_bytes(s, m, sh) * m->needers[sh]; /* float32: dK/dV as big as K/V */
-    }
-    for (int r = 0; r < m->P; ++r) {
-        need[r] = 0.0;
-        for (int sh = 0; sh < m->P; ++sh)
-            if (sh != r && m->meet[r * m->P + sh]) need[r] += kv_bytes(s, m, sh);
-    }
 }
 
 /* ---------------------------------------------------------------- comparing ring rows */
@@ -503,71 +293,10 @@ static double err_bwd(const errs_t *e) {
 
 /* ---------------------------------------------------------------- one ring configuration */
 
-typedef struct {
-    int layout, P, timed, threads_transport;
-    ring_map_t map;
-    ringattn_plan_info_t *info;   /* [P] the library's own schedule and traffic */
-    double fwd_s, bwd_s;          /* slowest rank (best of reps) */
-    double mpi_fwd_s, mpi_bwd_s;  /* MPI rings: time inside MPI calls, slowest rank */
-    double mpi_max_s[2];          /* the longest single MPI call, fwd / bwd, any rank */
-    long mpi_calls[2];            /* MPI calls of the slowest rank, fwd / bwd */
-    double copy_fwd_s, copy_bwd_s; /* threads rings: time of the in-process copies, slowest rank */
-    double err_fwd, err_bwd;
-    int ok;
-} ring_t;
-
 static void ring_free(ring_t *r) {
     if (r->map.P) map_free(&r->map);
     free(r->info);
     r->info = NULL;
-}
-
-/* Gathers every rank's token map to build the map (all ranks), and the infos (rank 0). */
-static void gather_maps(const shape_t *s, const outputs_t *x, ringattn_plan_t plan, ring_t *r) {
-    const int P = ranks_;
-    int64_t *count = xmalloc(sizeof(int64_t) * (size_t)P);
-    MPI_Allgather(&x->rows, 1, MPI_INT64_T, count, 1, MPI_INT64_T, MPI_COMM_WORLD);
-    int *cnt = xmalloc(sizeof(int) * (size_t)P), *dsp = xmalloc(sizeof(int) * (size_t)P);
-    for (int i = 0, at = 0; i < P; at += cnt[i++]) cnt[i] = (int)count[i], dsp[i] = at;
-    int32_t *all = xmalloc(sizeof(int32_t) * (size_t)s->T);
-    MPI_Allgatherv(x->tokens, (int)x->rows, MPI_INT32_T, all, cnt, dsp, MPI_INT32_T, MPI_COMM_WORLD);
-    int32_t **tokens = xmalloc(sizeof(int32_t *) * (size_t)P);
-    for (int i = 0; i < P; ++i) {
-        tokens[i] = xmalloc(sizeof(int32_t) * (size_t)(count[i] + 1));
-        memcpy(tokens[i], all + dsp[i], sizeof(int32_t) * (size_t)count[i]);
-    }
-    map_build(&r->map, s, P, count, tokens);
-    ringattn_plan_info_t mine = RINGATTN_PLAN_INFO_INIT;
-    ringattn_plan_get_info(plan, &mine);
-    r->info = xmalloc(sizeof mine * (size_t)P);
-    MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, r->info, (int)sizeof mine, MPI_BYTE, 0, MPI_COMM_WORLD);
-    free(cnt), free(dsp), free(all);
-}
-
-/* One pass on every rank after a barrier; best of reps per rank, then the slowest rank. */
-static int timed_pass(ringattn_plan_t plan, const ringattn_tensors_t *t, int bwd, int reps,
-                      ring_t *r) {
-    double best = INFINITY, best_mpi = 0.0, best_max = 0.0;
-    long best_calls = 0;
-    int ok = 1;
-    for (int rep = 0; rep < reps && ok; ++rep) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        pmpi_s = pmpi_max_s = 0.0, pmpi_calls = 0, pmpi_on = 1;
-        const double t0 = MPI_Wtime();
-        const ringattn_status_t st = bwd ? ringattn_backward(plan, t, NULL) : ringattn_forward(plan, t, NULL);
-        const double dt = MPI_Wtime() - t0;
-        pmpi_on = 0;
-        ok = all_ok(api_ok(bwd ? "ringattn_backward" : "ringattn_forward", st));
-        if (dt < best) best = dt, best_mpi = pmpi_s, best_max = pmpi_max_s, best_calls = pmpi_calls;
-    }
-    struct { double v; int r; } mine = {best, rank_}, slowest;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
-    MPI_Allreduce(&best_mpi, bwd ? &r->mpi_bwd_s : &r->mpi_fwd_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &best_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Bcast(&best_calls, 1, MPI_LONG, slowest.r, MPI_COMM_WORLD);
-    *(bwd ? &r->bwd_s : &r->fwd_s) = slowest.v;
-    r->mpi_max_s[bwd] = best_max, r->mpi_calls[bwd] = best_calls;
-    return ok;
 }
 
 /* Sampled rows of every rank to rank 0, compared there with the single-rank outputs. */
@@ -731,68 +460,6 @@ static void run_ring_threads(const problem_t *p, int layout, int P, int threads,
     MPI_Bcast(&r->ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
 }
 
-/* ---------------------------------------------------------------- the exchange alone */
-
-/* The ring's messages without the compute, in the library's order (ring/ring.c): per step the
-   K/V of the held shard to the next rank while it travels on; in the backward then its float32
-   dK/dV sums behind it, and the finished sums of a shard whose journey ends here straight back
-   to the owner. The owner keeps its own part of the sums, so they travel from the first hop on.
-   Bytes are tallied to compare with ringattn_plan_get_info. Best of reps, slowest rank. */
-static int held(int P, int r, int t) { return ((r - t) % P + P) % P; }
-
-static void exchange(const void *out, size_t n_out, int to, void *in, size_t n_in, int from,
-                     int tag, MPI_Request *rq, int *nrq, double *sent, double *recv) {
-    if (n_in) MPI_Irecv(in, (int)n_in, MPI_BYTE, from, tag, MPI_COMM_WORLD, &rq[(*nrq)++]);
-    if (n_out) MPI_Isend(out, (int)n_out, MPI_BYTE, to, tag, MPI_COMM_WORLD, &rq[(*nrq)++]);
-    *sent += (double)n_out, *recv += (double)n_in;
-}
-
-static void exchange_pass(const shape_t *s, const ring_map_t *m, int bwd, char *buf[4],
-                          double tally[2]) {
-    const int P = m->P, r = rank_, prev = (r - 1 + P) % P;
-    for (int t = 0; t < m->N; ++t) {
-        MPI_Request rq[6];
-        int nrq = 0;
-        const int h = held(P, r, t), hp = held(P, prev, t);
-        const size_t out = t < m->last_hop[h] ? (size_t)kv_bytes(s, m, h) : 0;
-        const size_t in = t < m->last_hop[hp] ? (size_t)kv_bytes(s, m, hp) : 0;
-        if (t + 1 < m->N) exchange(buf[0], out, (r + 1) % P, buf[1], in, prev, 0, rq, &nrq, &tally[0], &tally[1]);
-        MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE), nrq = 0;
-        if (!bwd) continue;
-        if (t > 0 && t + 1 < m->N)
-            exchange(buf[2], out, (r + 1) % P, buf[3], in, prev, 1, rq, &nrq, &tally[0], &tally[1]);
-        const size_t home = t > 0 && m->last_hop[h] == t ? (size_t)kv_bytes(s, m, h) : 0;
-        const size_t mine = t > 0 && m->last_hop[r] == t ? (size_t)kv_bytes(s, m, r) : 0;
-        exchange(buf[2], home, h, buf[1], mine, (r + t) % P, 2, rq, &nrq, &tally[0], &tally[1]);
-        MPI_Waitall(nrq, rq, MPI_STATUSES_IGNORE);
-    }
-}
-
-typedef struct {
-    double fwd_s, bwd_s;   /* slowest rank */
-    double bytes[2][2];    /* this rank's [fwd, bwd][sent, received] */
-} exch_t;
-
-static void run_exchange(const shape_t *s, const ring_map_t *m, int reps, exch_t *x) {
-    size_t big = 1;
-    for (int i = 0; i < m->P; ++i) big = (size_t)kv_bytes(s, m, i) > big ? (size_t)kv_bytes(s, m, i) : big;
-    char *buf[4];
-    for (int i = 0; i < 4; ++i) buf[i] = xmalloc(big), memset(buf[i], 0, big);
-    for (int bwd = 0; bwd < 2; ++bwd) {
-        double best = INFINITY;
-        for (int rep = 0; rep < reps; ++rep) {
-            double tally[2] = {0, 0};
-            MPI_Barrier(MPI_COMM_WORLD);
-            const double t0 = MPI_Wtime();
-            exchange_pass(s, m, bwd, buf, tally);
-            best = fmin(best, MPI_Wtime() - t0);
-            x->bytes[bwd][0] = tally[0], x->bytes[bwd][1] = tally[1];
-        }
-        MPI_Allreduce(&best, bwd ? &x->bwd_s : &x->fwd_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    }
-    for (int i = 0; i < 4; ++i) free(buf[i]);
-}
-
 /* ---------------------------------------------------------------- reporting (rank 0) */
 
 static void table_header(void) {
@@ -852,135 +519,6 @@ static void check_quietly(const shape_t *s, const ring_t *r) {
         ++failures;
         fprintf(stderr, "bench_ring: WRONG: seq %d layout %s ranks %d over threads %s: rel err %.3g\n",
                 s->T, layout_names[r->layout], r->P, bwd ? "bwd" : "fwd", err);
-    }
-}
-
-typedef struct {
-    shape_t s;
-    ring_t *ring;
-    double ratio[2]; /* bytes sent by all ranks / lower bound, fwd and bwd */
-} traffic_entry_t;
-
-static traffic_entry_t traffic[16];
-static int ntraffic;
-
-static void remember_traffic(const shape_t *s, ring_t *r) {
-    if (rank_ == 0 && r->ok && ntraffic < 16) traffic[ntraffic++] = (traffic_entry_t){*s, r, {NAN, NAN}};
-}
-
-/* Per rank: steps, compute steps, bytes sent / received per call against the bytes it needs;
-   per configuration: totals against the lower bound. Returns the worst forward ratio. */
-static void print_traffic(void) {
-    printf("# traffic per call, MB (1e6 bytes): sent/recv = ringattn_plan_get_info; need = K/V of\n"
-           "# the other shards this rank has an allowed pair with (what it must receive at least);\n"
-           "# bound = sum over shards of their bytes x the OTHER ranks that need them (bwd: K/V +\n"
-           "# float32 dK/dV). steps = ring steps of P; computes = steps at which the rank computes\n");
-    printf("%6s %-8s %-7s %5s %5s %4s %8s %9s %9s %9s %9s %9s\n", "seq", "mask", "layout", "ranks",
-           "steps", "rank", "computes", "fwd_sent", "fwd_recv", "fwd_need", "bwd_sent", "bwd_recv");
-    for (int k = 0; k < ntraffic; ++k) {
-        const shape_t *s = &traffic[k].s;
-        const ring_t *r = traffic[k].ring;
-        const ring_map_t *m = &r->map;
-        char mask[32];
-        mask_name(s, mask, sizeof mask);
-        double bf, bb, *need = xmalloc(sizeof(double) * (size_t)m->P), sf = 0, sb = 0;
-        lower_bound(s, m, &bf, &bb, need);
-        for (int i = 0; i < m->P; ++i) {
-            const ringattn_plan_info_t *in = &r->info[i];
-            printf("%6d %-8s %-7s %5d %2d/%-2d %4d %8d %9.2f %9.2f %9.2f %9.2f %9.2f\n", s->T, mask,
-                   layout_names[r->layout], r->P, in->num_steps, r->P, i, in->compute_steps,
-                   in->forward_bytes_sent * 1e-6, in->forward_bytes_received * 1e-6, need[i] * 1e-6,
-                   in->backward_bytes_sent * 1e-6, in->backward_bytes_received * 1e-6);
-            sf += (double)in->forward_bytes_sent, sb += (double)in->backward_bytes_sent;
-            if (in->num_steps != m->N)
-                printf("#   warning: rank %d: the library's plan has %d steps, the mask needs %d\n", i,
-                       in->num_steps, m->N);
-            if (json)
-                fprintf(json,
-                        "{\"type\":\"traffic\",\"seq\":%d,\"mask\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,"
-                        "\"transport\":\"%s\",\"rank\":%d,\"steps\":%d,\"compute_steps\":%d,"
-                        "\"fwd_sent\":%zu,\"fwd_recv\":%zu,\"fwd_need\":%.0f,\"bwd_sent\":%zu,"
-                        "\"bwd_recv\":%zu}\n",
-                        s->T, mask, layout_names[r->layout], r->P,
-                        r->threads_transport ? "threads" : "mpi", i, in->num_steps,
-                        in->compute_steps, in->forward_bytes_sent, in->forward_bytes_received,
-                        need[i], in->backward_bytes_sent, in->backward_bytes_received);
-        }
-        printf("#   total: fwd %.2f MB sent, lower bound %.2f MB (x%.2f); bwd %.2f MB, bound %.2f MB "
-               "(x%.2f)%s\n", sf * 1e-6, bf * 1e-6, bf > 0 ? sf / bf : 1.0, sb * 1e-6, bb * 1e-6,
-               bb > 0 ? sb / bb : 1.0, r->threads_transport ? " [threads transport]" : "");
-        if (json)
-            fprintf(json,
-                    "{\"type\":\"traffic_total\",\"seq\":%d,\"mask\":\"%s\",\"layout\":\"%s\","
-                    "\"ranks\":%d,\"steps\":%d,\"fwd_sent\":%.0f,\"fwd_bound\":%.0f,"
-                    "\"bwd_sent\":%.0f,\"bwd_bound\":%.0f}\n",
-                    s->T, mask, layout_names[r->layout], r->P, m->N, sf, bf, sb, bb);
-        traffic[k].ratio[0] = bf > 0 ? sf / bf : 1.0, traffic[k].ratio[1] = bb > 0 ? sb / bb : 1.0;
-        free(need);
-    }
-}
-
-typedef struct {
-    shape_t s;
-    const ring_t *mpi, *threads;
-    exch_t ex;
-} overlap_t;
-
-/* Two estimates of the fraction of the exchange hidden behind compute (1 = all of it, 0 =
-   none, below 0 = the ring lost more than the exchange alone takes):
-   from times:  (compute + exchange - ring) / exchange, compute = the threads ring minus its copies;
-   from PMPI:   1 - in_mpi / exchange, in_mpi = the time the ring spent inside MPI calls, i.e.
-                ring - compute measured inside the same run rather than as a difference of two. */
-static double hidden_times(const overlap_t *o, int bwd, double *compute) {
-    const double ring = bwd ? o->mpi->bwd_s : o->mpi->fwd_s;
-    const double ex = bwd ? o->ex.bwd_s : o->ex.fwd_s;
-    *compute = bwd ? o->threads->bwd_s - o->threads->copy_bwd_s : o->threads->fwd_s - o->threads->copy_fwd_s;
-    return ex > 0 ? (*compute + ex - ring) / ex : NAN;
-}
-
-static double hidden_pmpi(const overlap_t *o, int bwd) {
-    const double ex = bwd ? o->ex.bwd_s : o->ex.fwd_s;
-    return ex > 0 ? 1.0 - (bwd ? o->mpi->mpi_bwd_s : o->mpi->mpi_fwd_s) / ex : NAN;
-}
-
-static void print_overlap(const overlap_t *ov, int n) {
-    printf("# overlap, zigzag: ring = the MPI ring (slowest rank); compute = the same shards over the\n"
-           "# threads transport minus its in-process copies; exchange = the ring's messages alone\n"
-           "# (MPI_Isend/Irecv, same bytes, same order); hidden = (compute + exchange - ring) /\n"
-           "# exchange; in_mpi = time the ring spent inside MPI calls (PMPI), hid_mpi = 1 - in_mpi /\n"
-           "# exchange; max_call = the longest single MPI call (a whole shard copied at once)\n");
-    printf("%6s %5s %3s %4s %-8s %5s %4s %9s %10s %11s %7s %9s %7s %11s\n", "seq", "heads", "kv",
-           "dim", "mask", "ranks", "pass", "ring_ms", "compute_ms", "exchange_ms", "hidden",
-           "in_mpi_ms", "hid_mpi", "max_call_ms");
-    for (int k = 0; k < n; ++k) {
-        const overlap_t *o = &ov[k];
-        char mask[32];
-        mask_name(&o->s, mask, sizeof mask);
-        for (int bwd = 0; bwd < 2; ++bwd) {
-            double compute;
-            const double h = hidden_times(o, bwd, &compute), hm = hidden_pmpi(o, bwd);
-            const double ring = bwd ? o->mpi->bwd_s : o->mpi->fwd_s, ex = bwd ? o->ex.bwd_s : o->ex.fwd_s;
-            const double in_mpi = bwd ? o->mpi->mpi_bwd_s : o->mpi->mpi_fwd_s;
-            printf("%6d %5d %3d %4d %-8s %5d %4s %9.1f %10.1f %11.1f %7.2f %9.1f %7.2f %11.1f\n",
-                   o->s.T, o->s.H, o->s.HKV, o->s.D, mask, o->mpi->P, bwd ? "bwd" : "fwd",
-                   1e3 * ring, 1e3 * compute, 1e3 * ex, h, 1e3 * in_mpi, hm,
-                   1e3 * o->mpi->mpi_max_s[bwd]);
-            if (json)
-                fprintf(json,
-                        "{\"type\":\"overlap\",\"seq\":%d,\"heads\":%d,\"kv_heads\":%d,\"dim\":%d,"
-                        "\"mask\":\"%s\",\"layout\":\"zigzag\",\"ranks\":%d,\"pass\":\"%s\","
-                        "\"ring_ms\":%.3f,\"compute_ms\":%.3f,\"exchange_ms\":%.3f,\"hidden\":%.4f,"
-                        "\"in_mpi_ms\":%.3f,\"hidden_pmpi\":%.4f,\"mpi_calls\":%ld,\"max_call_ms\":%.3f}\n",
-                        o->s.T, o->s.H, o->s.HKV, o->s.D, mask, o->mpi->P, bwd ? "bwd" : "fwd",
-                        1e3 * ring, 1e3 * compute, 1e3 * ex, h, 1e3 * in_mpi, hm,
-                        o->mpi->mpi_calls[bwd], 1e3 * o->mpi->mpi_max_s[bwd]);
-        }
-        for (int bwd = 0; bwd < 2; ++bwd) /* the emulation must move what the library moves */
-            if (o->ex.bytes[bwd][0] != (double)(bwd ? o->mpi->info[0].backward_bytes_sent
-                                                    : o->mpi->info[0].forward_bytes_sent))
-                printf("#   warning: the exchange loop sent %.0f bytes %s on rank 0, the library %zu\n",
-                       o->ex.bytes[bwd][0], bwd ? "bwd" : "fwd",
-                       bwd ? o->mpi->info[0].backward_bytes_sent : o->mpi->info[0].forward_bytes_sent);
     }
 }
 
@@ -1129,28 +667,8 @@ static void print_figures(const ring_t *zz, const single_t *one, const overlap_t
             fprintf(json, "{\"type\":\"figure\",\"name\":\"%s\",\"value\":%.4f,\"target\":0.85}\n",
                     bwd ? "zigzag_causal_bwd_eff" : "zigzag_causal_fwd_eff", isfinite(eff[bwd]) ? eff[bwd] : -1.0);
     }
-    printf("#   bytes sent / lower bound (1 = only what the mask needs), forward / backward:\n");
-    for (int k = 0; k < ntraffic; ++k) {
-        char mask[32];
-        mask_name(&traffic[k].s, mask, sizeof mask);
-        printf("#     %-8s %-7s P = %d: %.2f / %.2f\n", mask, layout_names[traffic[k].ring->layout],
-               traffic[k].ring->P, traffic[k].ratio[0], traffic[k].ratio[1]);
-    }
-    for (int k = 0; k < nov; ++k) {
-        const overlap_t *o = &ov[k];
-        char mask[32];
-        double c, h[2] = {hidden_times(o, 0, &c), hidden_times(o, 1, &c)};
-        const double hm[2] = {hidden_pmpi(o, 0), hidden_pmpi(o, 1)};
-        mask_name(&o->s, mask, sizeof mask);
-        printf("#   exchange hidden, %s heads %d/%d: forward %.2f (PMPI) / %.2f (times), backward %.2f / "
-               "%.2f; the exchange alone is %.1f%% / %.1f%% of the ring time\n", mask, o->s.H, o->s.HKV,
-               hm[0], h[0], hm[1], h[1], 100.0 * o->ex.fwd_s / o->mpi->fwd_s,
-               100.0 * o->ex.bwd_s / o->mpi->bwd_s);
-        if (json)
-            fprintf(json, "{\"type\":\"figure\",\"name\":\"hidden_%s_h%d_kv%d\",\"fwd_pmpi\":%.4f,"
-                          "\"fwd_times\":%.4f,\"bwd_pmpi\":%.4f,\"bwd_times\":%.4f}\n",
-                    mask, o->s.H, o->s.HKV, hm[0], h[0], hm[1], h[1]);
-    }
+    print_traffic_figures();
+    print_overlap_figures(ov, nov);
 }
 
 /* Efficiency: the single-rank reference, then every layout over MPI. */
@@ -1188,10 +706,7 @@ int main(int argc, char **argv) {
         return parsed < 0 ? 0 : 2;
     }
     const int threads = o.threads ? o.threads : threads_per_rank();
-    if (rank_ == 0 && !o.no_json) {
-        json = o.json_path ? fopen(o.json_path, "w") : tmpfile();
-        if (!json) perror(o.json_path ? o.json_path : "tmpfile");
-    }
+    if (rank_ == 0 && !o.no_json) json = json_open(o.json_path);
     ringattn_comm_t comm = NULL;
     if (!all_ok(api_ok("ringattn_comm_create_mpi", ringattn_comm_create_mpi(MPI_COMM_WORLD, &comm)))) {
         MPI_Finalize();
@@ -1264,12 +779,7 @@ int main(int argc, char **argv) {
         print_traffic();
         if (nov) print_overlap(ov, nov);
         print_figures(zz, &one, ov, nov);
-        if (json && !o.json_path) { /* JSON lines after the tables */
-            rewind(json);
-            char line[2048];
-            while (fgets(line, sizeof line, json)) fputs(line, stdout);
-        }
-        if (json) fclose(json);
+        json_close(json, o.json_path); /* the JSON lines after the tables, unless --json FILE */
         if (failures) printf("# %d wrong or failed result(s)\n", failures);
     }
     MPI_Bcast(&failures, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -22,7 +22,8 @@
  * (sum_j dS_ij = sum_j P_ij (dP_ij - D_i) = D_i - D_i); and a few dBias entries, each the exact
  * column sum over every row of its sequence (given the forward's O and LSE, as the backward
  * is). Every rank exits 1 when an error is above the SPEC 9 tolerance, 2 on a usage or API
- * error.
+ * error. The helpers it shares with the other examples (random inputs, the mask, MPI helpers)
+ * are in ../common/example_util.h and ../common/example_mpi.h.
  */
 #define _POSIX_C_SOURCE 200809L /* sysconf */
 #include <mpi.h>
@@ -35,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "../common/example_mpi.h" /* includes example_util.h */
 
 typedef struct {
     int64_t seq;     /* total tokens */
@@ -54,33 +57,7 @@ typedef struct {
 
 static int rank_, ranks_; /* this process's place in MPI_COMM_WORLD */
 
-static const char *layout_name(ringattn_layout_t l) {
-    return l == RINGATTN_LAYOUT_CONTIGUOUS ? "contiguous"
-           : l == RINGATTN_LAYOUT_ZIGZAG   ? "zigzag"
-                                           : "striped";
-}
-
 /* ---- inputs: the same on every rank (same seed) ---- */
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform(uint64_t *s) { /* [-1, 1) */
-    return (double)(splitmix(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "[rank %d] out of memory (%zu bytes)\n", rank_, bytes);
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    return p;
-}
 
 static float *random_floats(int64_t n, uint64_t *seed) {
     float *p = xmalloc(sizeof(float) * (size_t)n);
@@ -130,42 +107,14 @@ static void doge_bias(const doge_t *g, const float *v, int64_t rows, float *bias
     }
 }
 
-/* ---- masks (SPEC 3; in a ring Q and K are the same tokens, delta = 0) ---- */
-
-typedef struct {
-    int64_t lo, hi; /* valid keys of a row: [lo, hi], global token indices; empty if hi < lo */
-} range_t;
-
-static void window_of(const options_t *o, int *wl, int *wr) {
-    *wl = o->window > 0 ? o->window - 1 : -1;
-    *wr = o->window >= 0 ? 0 : -1; /* causal unless --window -1 */
-}
-
-static int seq_of(const options_t *o, const int32_t *cu, int64_t t) {
-    int a = 0, b = o->num_seqs - 1; /* the sequence s with cu[s] <= t < cu[s + 1] */
-    while (a < b) {
-        const int m = (a + b + 1) / 2;
-        if (cu[m] <= t) a = m; else b = m - 1;
-    }
-    return a;
-}
-
-static range_t valid_keys(const options_t *o, const int32_t *cu, int64_t t) {
-    const int s = seq_of(o, cu, t);
-    int wl, wr;
-    window_of(o, &wl, &wr);
-    range_t r = {cu[s], cu[s + 1] - 1};
-    if (wl >= 0 && t - wl > r.lo) r.lo = t - wl;
-    if (wr >= 0 && t + wr < r.hi) r.hi = t + wr;
-    return r;
-}
+/* ---- pairs (the SPEC 3 mask: mask_t and allowed_keys in example_util.h) ---- */
 
 /* Over every row of the batch: valid (query, key) pairs and the pairs kept after the top-k
    (min(valid, keep_k) per row: the count does not depend on the bias). */
-static void count_pairs(const options_t *o, const int32_t *cu, double *valid, double *kept) {
+static void count_pairs(const options_t *o, const mask_t *m, double *valid, double *kept) {
     *valid = *kept = 0.0;
     for (int64_t t = 0; t < o->seq; ++t) {
-        const range_t r = valid_keys(o, cu, t);
+        const range_t r = allowed_keys(m, t);
         const int64_t n = r.hi >= r.lo ? r.hi - r.lo + 1 : 0;
         *valid += (double)n;
         *kept += (double)(o->keep_k > 0 && n > o->keep_k ? o->keep_k : n);
@@ -187,9 +136,9 @@ static int by_rank(const void *a, const void *b) { /* bias descending, then posi
 
 /* The keys row t keeps under bias head hb (global indices, any order); returns how many.
    bias: global [H_b, T]; scratch: T entries. */
-static int64_t kept_keys(const options_t *o, const int32_t *cu, const float *bias, int hb,
+static int64_t kept_keys(const options_t *o, const mask_t *m, const float *bias, int hb,
                          int64_t t, ranked_t *scratch, int32_t *out) {
-    const range_t r = valid_keys(o, cu, t);
+    const range_t r = allowed_keys(m, t);
     const int64_t n = r.hi >= r.lo ? r.hi - r.lo + 1 : 0;
     for (int64_t j = 0; j < n; ++j)
         scratch[j] = (ranked_t){bias[hb * o->seq + r.lo + j], (int32_t)(r.lo + j)};
@@ -207,7 +156,7 @@ static int64_t kept_keys(const options_t *o, const int32_t *cu, const float *bia
 typedef struct {
     const options_t *opt;
     const float *k, *v, *bias; /* global K, V [T, H_kv, D] and key bias [H_b, T] */
-    const int32_t *cu;
+    mask_t mask;
 } inputs_t;
 
 /* qi, di: the row's query and dO; kept: its nk kept keys. O, LSE and (di != NULL) dQ per SPEC
@@ -261,12 +210,8 @@ typedef struct {
     const int32_t *tokens;          /* global index of each local row */
 } local_t;
 
-typedef struct { /* maxima, then sums of squares: reduced over ranks with MPI_MAX / MPI_SUM */
-    double o_err, o_ref, lse_err, lse_ref;
-    double dq_err2, dq_ref2;
-} errors_t;
-
-/* Sampled rows of this rank (all heads) against float64: O, LSE and dQ. */
+/* Sampled rows of this rank (all heads) against float64: O, LSE and dQ (errors_t and accumulate
+   in example_util.h). */
 static void check_rows(const inputs_t *in, const local_t *lc, const int64_t *rows, int nrows,
                        errors_t *e) {
     const options_t *op = in->opt;
@@ -275,32 +220,25 @@ static void check_rows(const inputs_t *in, const local_t *lc, const int64_t *row
     int32_t *kept = xmalloc(sizeof(int32_t) * (size_t)op->seq);
     double *s = xmalloc(sizeof(double) * (size_t)op->seq);
     double *ro = xmalloc(sizeof(double) * (size_t)D), *rdq = xmalloc(sizeof(double) * (size_t)D);
+    double *lo = xmalloc(sizeof(double) * (size_t)D), *ldq = xmalloc(sizeof(double) * (size_t)D);
     for (int n = 0; n < nrows; ++n) {
         const int64_t r = rows[n], t = lc->tokens[r];
         for (int hb = 0; hb < op->kv_heads; ++hb) {
-            const int64_t nk = kept_keys(op, in->cu, in->bias, hb, t, scratch, kept);
+            const int64_t nk = kept_keys(op, &in->mask, in->bias, hb, t, scratch, kept);
             for (int h = hb * G; h < (hb + 1) * G; ++h) {
                 const int64_t at = (r * H + h) * D;
                 double rlse;
                 reference_row(in, h, kept, nk, lc->q + at, lc->dq ? lc->dout + at : NULL, s, ro,
                               &rlse, rdq);
                 for (int c = 0; c < D; ++c) {
-                    const double o = lc->o[at + c];
-                    e->o_err = fmax(e->o_err, isfinite(o) ? fabs(o - ro[c]) : INFINITY);
-                    e->o_ref = fmax(e->o_ref, fabs(ro[c]));
-                    if (lc->dq) {
-                        const double d = isfinite(lc->dq[at + c]) ? lc->dq[at + c] - rdq[c] : INFINITY;
-                        e->dq_err2 += d * d;
-                        e->dq_ref2 += rdq[c] * rdq[c];
-                    }
+                    lo[c] = lc->o[at + c];
+                    if (lc->dq) ldq[c] = lc->dq[at + c];
                 }
-                const double lse = lc->lse[h * lc->rows + r];
-                if (!(lse == rlse)) e->lse_err = fmax(e->lse_err, isnan(lse) ? INFINITY : fabs(lse - rlse));
-                if (isfinite(rlse)) e->lse_ref = fmax(e->lse_ref, fabs(rlse));
+                accumulate(e, lo, ro, lc->lse[h * lc->rows + r], rlse, lc->dq ? ldq : NULL, rdq, D);
             }
         }
     }
-    free(scratch), free(kept), free(s), free(ro), free(rdq);
+    free(scratch), free(kept), free(s), free(ro), free(rdq), free(lo), free(ldq);
 }
 
 /*
@@ -320,8 +258,8 @@ static void check_columns(const inputs_t *in, const local_t *lc, const int64_t *
     for (int i = 0; i < n; ++i) ref[i] = lib[i] = keeps[i] = 0.0;
     for (int k = 0; k < nkeys; ++k) {
         const int64_t j = keys[k];
-        const int s = seq_of(op, in->cu, j);
-        const int64_t first = in->cu[s], len = in->cu[s + 1] - first;
+        const int s = seq_of(&in->mask, j);
+        const int64_t first = in->mask.cu[s], len = in->mask.cu[s + 1] - first;
         for (int hb = 0; hb < HB; ++hb) {
             /* beat[x]: keys among the first x of the sequence that rank above j (SPEC 6 order),
                so row i keeps j iff fewer than keep_k of its valid keys do */
@@ -335,7 +273,7 @@ static void check_columns(const inputs_t *in, const local_t *lc, const int64_t *
             for (int64_t r = 0; r < lc->rows; ++r) {
                 const int64_t t = lc->tokens[r];
                 if (t < first || t >= first + len) continue;
-                const range_t v = valid_keys(op, in->cu, t);
+                const range_t v = allowed_keys(&in->mask, t);
                 if (j < v.lo || j > v.hi) continue;
                 if (op->keep_k > 0 && v.hi - v.lo + 1 > op->keep_k &&
                     beat[v.hi - first + 1] - beat[v.lo - first] >= op->keep_k)
@@ -377,14 +315,14 @@ static void check_columns(const inputs_t *in, const local_t *lc, const int64_t *
  * when a few keys carry most of dBias, the rounding of the other L keys adds up to sqrt(L)
  * times more than their norm.) Collective.
  */
-static void dbias_sums(const options_t *op, const int32_t *cu, const local_t *lc,
+static void dbias_sums(const options_t *op, const mask_t *m, const local_t *lc,
                        double *abs_ratio, double *l2_ratio) {
     const int HB = op->kv_heads, S = op->num_seqs, n = HB * S;
     double *acc = calloc((size_t)(3 * n), sizeof(double)); /* sums, sums of |.|, of squares */
     if (!acc) MPI_Abort(MPI_COMM_WORLD, 2);
     for (int hb = 0; hb < HB; ++hb)
         for (int64_t r = 0; r < lc->rows; ++r) {
-            const int s = seq_of(op, cu, lc->tokens[r]);
+            const int s = seq_of(m, lc->tokens[r]);
             const double g = lc->dbias[hb * lc->rows + r];
             acc[hb * S + s] += g;
             acc[n + hb * S + s] += fabs(g);
@@ -395,7 +333,7 @@ static void dbias_sums(const options_t *op, const int32_t *cu, const local_t *lc
     for (int hb = 0; hb < HB; ++hb)
         for (int s = 0; s < S; ++s) {
             const int i = hb * S + s;
-            const double len = cu[s + 1] - cu[s];
+            const double len = m->cu[s + 1] - m->cu[s];
             if (!isfinite(acc[i])) *abs_ratio = *l2_ratio = INFINITY;
             if (!isfinite(acc[i]) || acc[n + i] == 0.0) continue;
             *abs_ratio = fmax(*abs_ratio, fabs(acc[i]) / acc[n + i]);
@@ -409,8 +347,6 @@ static int all_finite(const float *x, int64_t n) {
         if (!isfinite(x[i])) return 0;
     return 1;
 }
-
-static double rel(double err, double ref) { return err == 0.0 ? 0.0 : err / fmax(ref, 1e-30); }
 
 static int verdict(const char *what, double err, double tol) {
     const int ok = err <= tol;
@@ -433,14 +369,6 @@ static void usage(const char *argv0) {
            "--exp-bias: bias = exp(A * softplus(dt)) (the other Doge variant) instead of\n"
            "          A * softplus(dt). float32 throughout; key_bias_heads = kv heads.\n",
            argv0);
-}
-
-static int parse_layout(const char *v, ringattn_layout_t *l) {
-    if (!strcmp(v, "contiguous") || !strcmp(v, "contig")) *l = RINGATTN_LAYOUT_CONTIGUOUS;
-    else if (!strcmp(v, "zigzag")) *l = RINGATTN_LAYOUT_ZIGZAG;
-    else if (!strcmp(v, "striped")) *l = RINGATTN_LAYOUT_STRIPED;
-    else return 0;
-    return 1;
 }
 
 /* 1 = run, 0 = bad flags, -1 = --help; messages on rank 0 only (every rank parses the same) */
@@ -487,52 +415,6 @@ static int parse(int argc, char **argv, options_t *o) {
     return 1;
 }
 
-/* OMP_NUM_THREADS when set; otherwise the node's cores shared among its ranks, at least 1 */
-static int threads_per_rank(void) {
-    const char *env = getenv("OMP_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
-    MPI_Comm node;
-    int local = 1;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores > local ? (int)(cores / local) : 1;
-}
-
-/* Any rank's failure fails every rank: the ranks agree before going on. */
-static int all_ok(int ok) {
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return ok;
-}
-
-static int api_ok(const char *fn, ringattn_status_t st) {
-    if (st != RINGATTN_SUCCESS)
-        fprintf(stderr, "[rank %d] %s: %s: %s\n", rank_, fn, ringattn_status_string(st),
-                ringattn_last_error());
-    return all_ok(st == RINGATTN_SUCCESS);
-}
-
-/* Runs a pass `reps` times, every rank starting together; the best run's slowest and fastest
-   rank. */
-static int timed(ringattn_status_t (*pass)(ringattn_plan_t, const ringattn_tensors_t *, void *),
-                 const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t, int reps,
-                 double *max_s, double *min_s) {
-    *max_s = INFINITY;
-    for (int rep = 0; rep < reps; ++rep) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = MPI_Wtime();
-        const ringattn_status_t st = pass(plan, t, NULL);
-        const double s = MPI_Wtime() - t0;
-        if (!api_ok(fn, st)) return 0;
-        double hi, lo;
-        MPI_Allreduce(&s, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(&s, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-        if (hi < *max_s) *max_s = hi, *min_s = lo;
-    }
-    return 1;
-}
-
 /* ---- main ---- */
 
 static int run(const options_t *opt, int threads);
@@ -557,13 +439,12 @@ static int run(const options_t *opt, int threads) {
 
     /* num_seqs sequences, the first T % num_seqs one token longer (SPEC 8 convention) */
     int32_t *cu = xmalloc(sizeof(int32_t) * (size_t)(opt->num_seqs + 1));
-    cu[0] = 0;
-    for (int s = 0; s < opt->num_seqs; ++s)
-        cu[s + 1] = cu[s] + (int32_t)(T / opt->num_seqs + (s < T % opt->num_seqs));
+    split_tokens(T, opt->num_seqs, cu);
     int wl, wr;
-    window_of(opt, &wl, &wr);
+    causal_window(opt->window, &wl, &wr);
+    const mask_t mask = {cu, opt->num_seqs, wl, wr};
     double valid_pairs, kept_pairs;
-    count_pairs(opt, cu, &valid_pairs, &kept_pairs);
+    count_pairs(opt, &mask, &valid_pairs, &kept_pairs);
     if (rank_ == 0) {
         printf("ringattn %s dynamic mask attention: %d rank(s) over MPI, backend cpu, %d thread(s) "
                "per rank\n", ringattn_version_string(), P, threads);
@@ -622,16 +503,9 @@ static int run(const options_t *opt, int threads) {
     float *lse = xmalloc(sizeof(float) * (size_t)(rows * H));
     float *bias = xmalloc(sizeof(float) * (size_t)(rows * HB));  /* [H_b, rows] */
     float *dbias = xmalloc(sizeof(float) * (size_t)(rows * HB)); /* [H_b, rows] */
-    const ringattn_tensor_t none = RINGATTN_TENSOR_NONE;
-    ringattn_tensor_t g = none, l = none;
-    int ok = 1;
-    const struct { float *global, *local; int heads; } parts[4] = {
-        {gq, q, H}, {gk, k, HKV}, {gv, v, HKV}, {gdo, dout, H}};
-    for (int i = 0; i < 4 && ok; ++i) {
-        g.data = parts[i].global, l.data = parts[i].local;
-        ok = ringattn_plan_scatter(plan, RINGATTN_FLOAT32, parts[i].heads, D, g, l) == RINGATTN_SUCCESS;
-        if (!ok) fprintf(stderr, "[rank %d] ringattn_plan_scatter: %s\n", rank_, ringattn_last_error());
-    }
+    const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
+    int ok = scatter_rows(plan, f32, H, D, gq, q) && scatter_rows(plan, f32, HKV, D, gk, k) &&
+             scatter_rows(plan, f32, HKV, D, gv, v) && scatter_rows(plan, f32, H, D, gdo, dout);
     free(gq), free(gdo); /* the checks read the local Q, dO and the global K, V */
     /* Each rank's bias from its own V rows: [H_b, rows], the local rows of the [H_b, T] bias. */
     doge_bias(&doge, v, rows, bias);
@@ -658,20 +532,17 @@ static int run(const options_t *opt, int threads) {
         const double t0 = MPI_Wtime();
         float *gbias = xmalloc(sizeof(float) * (size_t)(T * HB)); /* [H_b, T], for the checks */
         doge_bias(&doge, gv, T, gbias);
-        const inputs_t in = {opt, gk, gv, gbias, cu};
+        const inputs_t in = {opt, gk, gv, gbias, mask};
         const local_t lc = {q, dout, o, opt->backward ? dq : NULL, lse, dbias, rows, tokens};
 
         /* rows: this rank's first and last and random ones */
         const int nrows = opt->sample < rows ? opt->sample : (int)rows;
         int64_t *sample = xmalloc(sizeof(int64_t) * (size_t)(nrows + 1));
         uint64_t pick = opt->seed ^ (0x51ed270b27a4f3c1ull * (uint64_t)(rank_ + 1));
-        for (int n = 0; n < nrows; ++n)
-            sample[n] = nrows == rows ? n : n == 0 ? 0 : n == 1 ? rows - 1
-                                                   : (int64_t)(splitmix(&pick) % (uint64_t)rows);
+        sample_rows(sample, nrows, rows, &pick);
         errors_t e = {0};
         check_rows(&in, &lc, sample, nrows, &e);
-        MPI_Allreduce(MPI_IN_PLACE, &e, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(MPI_IN_PLACE, &e.dq_err2, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        reduce_errors(&e);
         int checked = nrows;
         MPI_Allreduce(MPI_IN_PLACE, &checked, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         int finite = all_finite(o, rows * H * D) && all_finite(lse, rows * H);
@@ -693,7 +564,7 @@ static int run(const options_t *opt, int threads) {
         int32_t *kept = xmalloc(sizeof(int32_t) * (size_t)T);
         for (int n = 0; n < nkeys; ++n) {
             const int64_t t = (int64_t)(splitmix(&kpick) % (uint64_t)T);
-            const int64_t nk = n >= 2 && n % 2 == 0 ? kept_keys(opt, cu, gbias, 0, t, scratch, kept) : 0;
+            const int64_t nk = n >= 2 && n % 2 == 0 ? kept_keys(opt, &mask, gbias, 0, t, scratch, kept) : 0;
             keys[n] = n == 0 ? 0 : n == 1 ? best : nk ? kept[splitmix(&kpick) % (uint64_t)nk] : t;
         }
         free(scratch), free(kept);
@@ -706,7 +577,7 @@ static int run(const options_t *opt, int threads) {
                 const double d = isfinite(lib[i]) ? lib[i] - ref[i] : INFINITY;
                 col_err2 += d * d, col_ref2 += ref[i] * ref[i];
             }
-            dbias_sums(opt, cu, &lc, &abs_ratio, &l2_ratio);
+            dbias_sums(opt, &mask, &lc, &abs_ratio, &l2_ratio);
         }
         if (rank_ == 0) {
             printf("check against float64 (%.1f s): %d rows (up to %d per rank) x %d heads",
