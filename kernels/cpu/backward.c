@@ -1,5 +1,6 @@
 /*
- * CPU backward (SPEC 7), deterministic and with O(threads x tile) workspace, in two passes:
+ * CPU backward (SPEC 7), deterministic and with O(threads x tile) workspace plus D_i per query
+ * row (computed once per call, before the two passes):
  *   keys pass:    one (key tile, kv head) per task sums dK, dV over every query head of its
  *                 GQA group and every query tile that can see it;
  *   queries pass: one (query tile, head) per task sums dQ over the key tiles it sees.
@@ -20,25 +21,35 @@
 typedef struct q_side {
     const float *q, *dout;
     int64_t ldq, lddo;
+    const float *lse, *drow; /* [nq] each */
 } q_side;
 
 static q_side load_q_side(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
                           int h, int64_t qrow, int nq)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v;
     q_side qd;
-    int64_t ldo;
-    qd.q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &qd.ldq);
-    qd.dout = ra__tile_load(io->dout, p->dtype, qrow, nq, h, Dv, w->dout, &qd.lddo);
-    const float *o = ra__tile_load(io->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
-    for (int i = 0; i < nq; ++i) {
-        const float *oi = o + i * ldo, *gi = qd.dout + i * qd.lddo;
-        float d = 0.0f;
-        for (int c = 0; c < Dv; ++c) d += gi[c] * oi[c];
-        w->drow[i] = d;
-        w->lse[i] = io->lse[h * io->qsh->rows + qrow + i];
-    }
+    qd.q = ra__tile_load(io->q, p->dtype, qrow, nq, h, p->head_dim, w->q, &qd.ldq);
+    qd.dout = ra__tile_load(io->dout, p->dtype, qrow, nq, h, p->head_dim_v, w->dout, &qd.lddo);
+    qd.lse = io->lse + h * io->qsh->rows + qrow;
+    qd.drow = p->ws->drow + h * io->qsh->rows + qrow;
     return qd;
+}
+
+/* SPEC 7 D_i = dot(dO_i, O_i) of rows [qrow, qrow + nq) of head h, into the call's D array
+   (once per call: every tile pair of the two passes reads it). */
+static void row_dots(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w, int h,
+                     int64_t qrow, int nq)
+{
+    const int Dv = p->head_dim_v;
+    int64_t ldo, lddo;
+    const float *o = ra__tile_load(io->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
+    const float *g = ra__tile_load(io->dout, p->dtype, qrow, nq, h, Dv, w->dout, &lddo);
+    float *out = p->ws->drow + h * io->qsh->rows + qrow;
+    for (int i = 0; i < nq; ++i) {
+        float d = 0.0f;
+        for (int c = 0; c < Dv; ++c) d += g[i * lddo + c] * o[i * ldo + c];
+        out[i] = d;
+    }
 }
 
 /*
@@ -54,7 +65,7 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, i
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
     for (int i = 0; i < nq; ++i) {
         float *ps = w->s + (size_t)i * nk, *dz = w->dp + (size_t)i * nk;
-        const float lse = w->lse[i], di = w->drow[i];
+        const float lse = qd->lse[i], di = qd->drow[i];
         if (ra__lse_is_empty(lse)) { /* a row with no allowed key contributes nothing */
             memset(ps, 0, (size_t)nk * sizeof *ps);
             memset(dz, 0, (size_t)nk * sizeof *dz);
@@ -379,6 +390,11 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
         ra_thread_ws *w = &ws->per_thread[omp_get_thread_num()];
         ra_span span;
         int64_t row;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < query_tasks; ++task) {
+            ra__tiling_tile(&qt, io->qsh, task / H, &span, &row);
+            row_dots(p, io, w, (int)(task % H), row, (int)span.count);
+        }
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t task = 0; task < key_tasks; ++task) {
             ra__tiling_tile(&kt, io->ksh, task / blocks, &span, &row);

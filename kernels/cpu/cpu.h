@@ -38,7 +38,7 @@ typedef struct ra_thread_ws {
     int64_t *part_row;
     int32_t *part_pos, *part_slot;
     float *part_bias, *dkt, *dvt, *dbt; /* its bias; its dK [block_k, D], dV, dBias */
-    float *m, *l, *lse, *drow;   /* [block_q] per-row softmax state, SPEC 7 D_i */
+    float *m, *l;                /* [block_q] per-row softmax state */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
 } ra_thread_ws;
 
@@ -54,6 +54,7 @@ struct ra_workspace {
     int keys_block;             /* rows of a keys-pass key tile (backward) */
     int64_t *q_first, *k_first; /* tiling buffers, [max segments + 1] each */
     ra_thread_ws *per_thread;   /* [threads] */
+    float *drow;                /* backward: SPEC 7 D_i of every local query row, [H, rows] */
     void *slab;
 };
 

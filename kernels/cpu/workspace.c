@@ -1,6 +1,7 @@
 /*
- * The CPU backend's workspace: O(threads x tile) floats plus the tile index of each sequence,
- * made on the first call and kept by the plan (no allocation per call after that).
+ * The CPU backend's workspace: O(threads x tile) floats, the tile index of each sequence and the
+ * backward's D_i of each local query row (H x rows floats, as many as the LSE), made on the
+ * first call and kept by the plan (no allocation per call after that).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ void ra__cpu_workspace_free(struct ra_workspace *ws)
     free(ws->q_first);
     free(ws->k_first);
     free(ws->per_thread);
+    free(ws->drow);
     free(ws->slab);
     free(ws);
 }
@@ -58,18 +60,20 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
     const int dmax = d > dv ? d : dv;
     const size_t sizes[] = {(size_t)bq * d, (size_t)bk * d,  (size_t)bk * dv, (size_t)bq * dv,
                             (size_t)bq * dv, (size_t)bq * bk, (size_t)bq * bk, (size_t)bq * bk,
-                            (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq, bq, bq,
+                            (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq,
                             bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)kb * d,
                             (size_t)kb * dv, (size_t)kb * d, (size_t)kb * dv, kb, 2 * (size_t)kb,
                             kb, kb, kb, 2 * (size_t)kb, 2 * (size_t)bk, bk, bk, bk,
                             (size_t)bk * d, (size_t)bk * dv, bk};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
-                     &w->acc, &w->dk,    &w->dv, &w->m,    &w->l, &w->lse, &w->drow,
+                     &w->acc, &w->dk,    &w->dv, &w->m,    &w->l,
                      (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
                      &w->vb, &w->dkb, &w->dvb, &w->dbb, (float **)&w->batch_row,
                      (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
                      (float **)&w->order, (float **)&w->part_row, (float **)&w->part_pos,
                      (float **)&w->part_slot, &w->part_bias, &w->dkt, &w->dvt, &w->dbt};
+    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0],
+                   "one size per buffer");
     size_t used = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
         if (base) *dst[i] = base + used;
@@ -96,8 +100,9 @@ static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
     ws->q_first = malloc(max_segs * sizeof(int64_t));
     ws->k_first = malloc(max_segs * sizeof(int64_t));
     ws->per_thread = calloc((size_t)threads, sizeof *ws->per_thread);
+    ws->drow = malloc(((size_t)p->num_heads * (size_t)p->q_shard.rows + 1) * sizeof(float));
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
-    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->slab) {
+    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->slab) {
         ra__cpu_workspace_free(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
                         "ringattn: out of memory (workspace of %zu bytes)",
