@@ -32,10 +32,4 @@ void ra__topk_thresholds(ra_window w, int64_t delta, const ra_topk_key *order,
                          const int32_t *rank, int32_t n, int keep_k, const ra_span *q,
                          int32_t *fen, float *thr_b, int64_t *thr_p);
 
-/* Does row threshold (tb, tp) keep a key of bias b at position p? */
-static inline int ra__topk_keeps(float tb, int64_t tp, float b, int64_t p)
-{
-    return b > tb || (b == tb && p <= tp);
-}
-
 #endif

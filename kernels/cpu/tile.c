@@ -142,7 +142,8 @@ void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
         if (slope != 0.0f) /* the order of the span path: ALiBi, then bias */
             for (int j = 0; j < n; ++j)
                 row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
-        /* SPEC 3 window and SPEC 6 threshold as int32 lane compares (positions fit int32) */
+        /* SPEC 3 window and the SPEC 6 threshold rule of masks/topk.h (keep iff b > tb, or
+           b == tb and p <= tp) as int32 lane compares (positions fit int32) */
         const int32_t lo = (int32_t)clamp_i32(w.left < 0 ? INT32_MIN : qp - w.left);
         const int32_t hi = (int32_t)clamp_i32(w.right < 0 ? INT32_MAX : qp + w.right);
         const int32_t tp = (int32_t)clamp_i32(dyn->thr_p[i]);
