@@ -1,7 +1,8 @@
 /*
  * DESIGN: creating a plan checks that every rank passed the same descriptor. Each rank hashes
  * its descriptor; one allreduce (MIN over {ok, hash, -hash}) tells every rank whether all were
- * valid and all hashes equal, so a mismatch is an error on every rank, never a hang.
+ * valid and all hashes equal, so a mismatch is an error on every rank, never a hang. Each
+ * forward and backward call agrees the same way on whether every rank's arguments were valid.
  */
 #include <string.h>
 
@@ -61,5 +62,19 @@ ringattn_status_t ra__plan_agree(ringattn_comm_t comm, const ringattn_plan_desc_
              "ringattn_plan_create: desc: differs between ranks (rank %d of %d), expected the "
              "same descriptor on every rank",
              comm->rank, comm->size);
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__call_agree(const struct ringattn_plan *p, const char *fn,
+                                 ringattn_status_t local)
+{
+    if (p->ranks == 1) return local;
+    int64_t ok = local == RINGATTN_SUCCESS;
+    RA_TRY(p->comm->ops->allreduce_i64(p->comm, &ok, 1, RA_REDUCE_MIN));
+    if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
+    RA_CHECK(ok == 1, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: refused on another rank (this is rank %d of %d), expected valid "
+             "arguments on every rank (see that rank's message)",
+             fn, p->rank, p->ranks);
     return RINGATTN_SUCCESS;
 }

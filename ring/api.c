@@ -1,19 +1,26 @@
 /* ringattn_forward / ringattn_backward: argument checks, then the backend (kernel table). */
 #include <math.h>
 
+#include "ring/agree.h"
 #include "ring/error.h"
 #include "ring/plan.h"
 #include "ring/ring.h"
 #include "ring/tensor.h"
 
-static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
-                                    const ringattn_tensors_t *t, void *stream)
+/* The plan: without a live one there is no ring to agree over. */
+static ringattn_status_t check_plan(const char *fn, ringattn_plan_t plan)
 {
     RA_CHECK(plan != NULL, RINGATTN_ERR_INVALID_ARGUMENT, "%s: plan: got NULL, expected a plan",
              fn);
     RA_CHECK(ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
              "%s: plan: got %p, expected a live plan (destroyed or never created)", fn,
              (void *)plan);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
+                                    const ringattn_tensors_t *t, void *stream)
+{
     RA_CHECK(t != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
     RA_CHECK(t->struct_size == sizeof(ringattn_tensors_t), RINGATTN_ERR_INVALID_ARGUMENT,
@@ -64,10 +71,24 @@ ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_
 {
     static const char fn[] = "ringattn_forward";
     ra_args a = {0};
-    RA_TRY(check_call(fn, plan, t, stream));
-    RA_TRY(make_qkvo(fn, plan, t, 1, &a));
+    RA_TRY(check_plan(fn, plan));
+    ringattn_status_t st = check_call(fn, plan, t, stream);
+    if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, t, 1, &a);
+    RA_TRY(ra__call_agree(plan, fn, st));
     RA_TRY(ra__ring_forward(plan, &a));
     ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+/* The backward's own tensors: dO and the gradients. */
+static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *p,
+                                    const ringattn_tensors_t *t, ra_args *a)
+{
+    const int H = p->num_heads, Hk = p->num_kv_heads, D = p->head_dim, Dv = p->head_dim_v;
+    RA_TRY(ra__view_make(fn, "dout", t->dout, p->dtype, p->total_q, H, Dv, 0, &a->dout));
+    RA_TRY(ra__view_make(fn, "dq", t->dq, p->dtype, p->total_q, H, D, 1, &a->dq));
+    RA_TRY(ra__view_make(fn, "dk", t->dk, p->dtype, p->total_k, Hk, D, 1, &a->dk));
+    RA_TRY(ra__view_make(fn, "dv", t->dv, p->dtype, p->total_k, Hk, Dv, 1, &a->dv));
     return RINGATTN_SUCCESS;
 }
 
@@ -76,14 +97,11 @@ ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors
 {
     static const char fn[] = "ringattn_backward";
     ra_args a = {0};
-    RA_TRY(check_call(fn, plan, t, stream));
-    RA_TRY(make_qkvo(fn, plan, t, 0, &a));
-    const struct ringattn_plan *p = plan;
-    const int H = p->num_heads, Hk = p->num_kv_heads, D = p->head_dim, Dv = p->head_dim_v;
-    RA_TRY(ra__view_make(fn, "dout", t->dout, p->dtype, p->total_q, H, Dv, 0, &a.dout));
-    RA_TRY(ra__view_make(fn, "dq", t->dq, p->dtype, p->total_q, H, D, 1, &a.dq));
-    RA_TRY(ra__view_make(fn, "dk", t->dk, p->dtype, p->total_k, Hk, D, 1, &a.dk));
-    RA_TRY(ra__view_make(fn, "dv", t->dv, p->dtype, p->total_k, Hk, Dv, 1, &a.dv));
+    RA_TRY(check_plan(fn, plan));
+    ringattn_status_t st = check_call(fn, plan, t, stream);
+    if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, t, 0, &a);
+    if (st == RINGATTN_SUCCESS) st = make_grads(fn, plan, t, &a);
+    RA_TRY(ra__call_agree(plan, fn, st));
     RA_TRY(ra__ring_backward(plan, &a));
     ra__clear_error();
     return RINGATTN_SUCCESS;

@@ -105,6 +105,32 @@ TEST_CASE("a descriptor mismatch fails on every MPI rank within seconds", "[mpi]
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
+TEST_CASE("a NaN bias on one MPI rank fails the call on every rank within seconds", "[mpi][dynamic]")
+{
+    // The call's agreement: every rank refuses the call before any K/V moves, then the same
+    // plans run the real call, equal to the single-rank plan.
+    Problem pb;
+    pb.cu = {0, 70};
+    pb.causal = 1;
+    pb.key_bias_heads = 2;
+    pb.keep_k = 5;
+    pb.fill(21);
+    const Result single = run(pb, 0, RINGATTN_LAYOUT_ZIGZAG);
+    REQUIRE(single.status == RINGATTN_SUCCESS);
+    static const std::vector<float> nans(4096, NAN);
+    pb.edit_first_call = [](int rank, ringattn_tensors_t &t) {
+        if (rank == 1) t.key_bias = nans.data();
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_ZIGZAG);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    CHECK(r.edited_status[(size_t)rank] == RINGATTN_ERR_INVALID_ARGUMENT);
+    REQUIRE(r.status == RINGATTN_SUCCESS);
+    check_same(r, single, RINGATTN_FLOAT32, magnitude_floors(pb));
+}
+
 TEST_CASE("ring over MPI with a key bias and top-k equals the single-rank plan", "[mpi][dynamic]")
 {
     struct Mask {

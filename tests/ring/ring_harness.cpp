@@ -154,6 +154,13 @@ static void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringatt
     t.dv.data = dv.data();
     t.key_bias = Hb > 0 ? lbias.data() : nullptr;
     t.dbias = Hb > 0 && pb.want_dbias ? ldbias.data() : nullptr;
+    if (pb.edit_first_call) {
+        ringattn_tensors_t edited = t;
+        pb.edit_first_call(rank, edited);
+        const ringattn_status_t first = ringattn_forward(plan, &edited, nullptr);
+        std::lock_guard<std::mutex> lk(mu);
+        res.edited_status[(size_t)rank] = first;
+    }
     st = ringattn_forward(plan, &t, nullptr);
     if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, nullptr);
     ringattn_plan_destroy(plan);
@@ -192,6 +199,7 @@ Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layo
                 const std::function<void(int, ringattn_plan_desc_t &)> &hook)
 {
     Result res = blank(pb, 0.0f);
+    res.edited_status.assign((size_t)rank + 1, RINGATTN_ERR_INTERNAL);
     std::mutex mu;
     rank_work(pb, comm, rank, layout, hook, res, mu);
     return res;
@@ -201,6 +209,7 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout,
            const std::function<void(int, ringattn_plan_desc_t &)> &hook)
 {
     Result res = blank(pb, NAN);
+    res.edited_status.assign((size_t)(ranks > 0 ? ranks : 1), RINGATTN_ERR_INTERNAL);
     std::mutex mu;
     if (ranks == 0) { // single-rank plan, no comm
         rank_work(pb, nullptr, 0, layout, hook, res, mu);

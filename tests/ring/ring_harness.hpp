@@ -27,6 +27,10 @@ struct Problem {
     float bias_sigma = 1.0f;
     bool want_dbias = true; // false: tensors.dbias = NULL on every rank; Result.dbias stays empty
     std::vector<float> bias;
+    // Bad-argument tests: when set, every rank first calls ringattn_forward with its tensors as
+    // edited here (rank, tensors), records the status in Result.edited_status[rank], and then
+    // runs the forward and backward with its real tensors on the same plan.
+    std::function<void(int, ringattn_tensors_t &)> edit_first_call;
     // Global inputs, stored in the problem's dtype (raw elements), packed.
     std::vector<uint16_t> q16, k16, v16, do16;
     std::vector<float> q32, k32, v32, do32;
@@ -42,6 +46,7 @@ struct Result {
     std::vector<float> o, lse, dq, dk, dv;
     std::vector<float> dbias; // [H_b, T], empty without a bias
     ringattn_status_t status = RINGATTN_SUCCESS;
+    std::vector<ringattn_status_t> edited_status; // [ranks], with Problem.edit_first_call
 };
 
 // One rank's work given its comm (nullptr: single rank); run on `ranks` threads. The hook, when

@@ -136,6 +136,44 @@ TEST_CASE("a descriptor that differs on one rank fails on every rank, quickly", 
     CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
 }
 
+TEST_CASE("a bad tensor on one rank fails the call on every rank, quickly; the plan stays usable", "[ring]")
+{
+    // Without the call's agreement the other ranks would wait for the bad rank until the comm
+    // deadline (60 s by default), and its next call could meet their messages.
+    Problem pb;
+    pb.cu = {0, 50, 96};
+    pb.causal = 1;
+    pb.key_bias_heads = 2;
+    pb.keep_k = 7;
+    pb.fill(11);
+    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    REQUIRE(single.status == RINGATTN_SUCCESS);
+    static const std::vector<float> nans(4096, NAN);
+    const char *what[] = {"q NULL", "lse NULL", "struct_size 0", "bias NaN"};
+    for (int bad_rank : {0, 2})
+        for (int kind = 0; kind < 4; ++kind) {
+            INFO("bad rank " << bad_rank << ": " << what[kind]);
+            Problem e = pb;
+            e.edit_first_call = [=](int rank, ringattn_tensors_t &t) {
+                if (rank != bad_rank) return;
+                if (kind == 0) t.q.data = nullptr;
+                if (kind == 1) t.lse = nullptr;
+                if (kind == 2) t.struct_size = 0;
+                if (kind == 3) t.key_bias = nans.data();
+            };
+            const auto t0 = std::chrono::steady_clock::now();
+            const Result r = ringtest::run(e, 4, RINGATTN_LAYOUT_CONTIGUOUS);
+            CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+            for (int rank = 0; rank < 4; ++rank) {
+                INFO("rank " << rank);
+                CHECK(r.edited_status[(size_t)rank] == RINGATTN_ERR_INVALID_ARGUMENT);
+            }
+            // the real calls that follow on the same plans are right
+            REQUIRE(r.status == RINGATTN_SUCCESS);
+            check_same(r, single, RINGATTN_FLOAT32, ringtest::magnitude_floors(pb));
+        }
+}
+
 TEST_CASE("ring with a key bias and top-k equals the single-rank plan", "[ring][dynamic]")
 {
     // H = 4, H_kv = 2: H_b cycles through 1, H_kv = 2 and H = 4. keep_k: none, 1, 3, more than
