@@ -13,6 +13,7 @@
 #include "comm/comm.h"
 #include "kernels/dtype.h"
 #include "ring/error.h"
+#include "ring/log.h"
 #include "ring/ring.h"
 #include "ring/schedule.h"
 #include "ring/select.h"
@@ -202,6 +203,28 @@ static ringattn_status_t thresholds(struct ringattn_plan *p, const ra_args *a, r
     return ra__select_thresholds(p, a->key_bias, thr);
 }
 
+/*
+ * SPEC 6 step skipping: does some local query row keep some key of the held shard (bias
+ * [H_b, rows])? When, for every bias head, the shard's largest bias is below every local row's
+ * threshold, no row keeps any of its keys, and the step's compute is skipped exactly (each of
+ * its tiles would be skipped the same way, one check per tile). The K/V still travel on.
+ */
+static int shard_kept(const struct ringattn_plan *p, const ra_thresholds *thr, const float *bias,
+                      int64_t rows)
+{
+    if (!thr->b) return 1; /* no selection */
+    const int64_t qrows = p->q_shard.rows;
+    for (int hb = 0; hb < p->bias_heads; ++hb) {
+        float bmax = -INFINITY, tmin = INFINITY;
+        for (int64_t j = 0; j < rows; ++j) bmax = fmaxf(bmax, bias[hb * rows + j]);
+        for (int64_t i = 0; i < qrows; ++i) tmin = fminf(tmin, thr->b[hb * qrows + i]);
+        if (!(bmax < tmin)) return 1;
+    }
+    ra__log(RA_LOG_DEBUG, p->rank, p->ranks, "top-k: no local row keeps a key of the held shard: "
+            "step skipped");
+    return 0;
+}
+
 ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
 {
     ra_thresholds thr;
@@ -224,10 +247,12 @@ ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a)
         ra_request req;
         progress_ctx pc = {p->comm, &req};
         if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, t, &req));
-        if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
-            ra_view k, v;
-            float *bias;
-            packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v, &bias);
+        ra_view k, v;
+        float *bias;
+        packed_views(p, g->kv[cur], p->shards[src].rows, elem, &k, &v, &bias);
+        /* the first and last compute steps start and finish the state: never skipped */
+        if (p->step_compute[t] && st == RINGATTN_SUCCESS &&
+            (t == 0 || t == last || shard_kept(p, &thr, bias, p->shards[src].rows))) {
             if (t == 0) k = a->k, v = a->v; /* the caller's own K/V, read in place */
             const ra_fwd_io io = {.q = &a->q, .k = &k, .v = &v, .qsh = &p->q_shard,
                                   .ksh = &p->shards[src], .o = &a->o, .lse = a->lse, .m = g->m,
@@ -285,10 +310,10 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a)
         ra_request req, greq, rreq;
         progress_ctx pc = {p->comm, &req};
         if (moving) RA_TRY(pass_on(p, g->kv, cur, t, ra__shard_kv_bytes, 3 * t, &req));
-        if (p->step_compute[t] && st == RINGATTN_SUCCESS) {
-            ra_view k, v;
-            float *bias;
-            packed_views(p, g->kv[cur], src_rows, elem, &k, &v, &bias);
+        ra_view k, v;
+        float *bias;
+        packed_views(p, g->kv[cur], src_rows, elem, &k, &v, &bias);
+        if (p->step_compute[t] && st == RINGATTN_SUCCESS && shard_kept(p, &thr, bias, src_rows)) {
             if (t == 0) k = a->k, v = a->v;
             packed_views(p, grads[cur], src_rows, sizeof(float), &gk, &gv, &gbias);
             const ra_bwd_io io = {.q = &a->q, .k = &k, .v = &v, .o = &a->o, .dout = &a->dout,
