@@ -259,7 +259,7 @@ static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thr
         while (query_tiles_next(&t, p, io, h, ks, krow)) {
             const ra_span *qs = &t.qs;
             const int nq = (int)qs->count;
-            const int n = count_reaching(all.bias, nk, ra__tile_min_threshold(t.use, nq));
+            const int n = count_reaching(all.bias, nk, t.use->tmin);
             if (n == 0) continue;
             const q_side qd = load_q_side(p, io, w, h, t.qrow, nq);
             int64_t lo, hi; /* the slots of the key tile that some row of qs may see */

@@ -113,6 +113,8 @@ typedef struct ra_tile_dyn {
     const float *bias; /* [nk] */
     const float *thr_b; /* [nq] */
     const int64_t *thr_p;
+    float tmin; /* the rows' lowest threshold: keys below it are kept by no row */
+    int whole;  /* every row keeps every key (lowest bias above the highest threshold) */
 } ra_tile_dyn;
 
 /*
@@ -141,8 +143,6 @@ static inline ra_key_batch ra__batch_of(ra_thread_ws *w)
  */
 int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
                    float tmin, int *j);
-/* Lowest threshold over the rows of a query tile (keys below it are kept by no row). */
-float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq);
 /* Gathers the batch's K and V rows of kv head g into kb [n, D] and vb [n, D_v] (float32). */
 void ra__batch_gather(const struct ringattn_plan *p, const ra_view *k, const ra_view *v, int g,
                       const ra_key_batch *b, float *kb, float *vb);
@@ -167,16 +167,11 @@ void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, co
                      int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
 
 /*
- * SPEC 6: when every row of the tile keeps every key of it (its lowest bias is above the rows'
- * highest threshold: rows with fewer valid keys than keep_k, say), drops the thresholds, so the
- * tile takes the plain path with the bias only.
- */
-void ra__tile_dyn_whole(ra_tile_dyn *dyn, int nq, int nk);
-
-/*
  * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL
  * without a bias. Returns 0 when no row keeps any key of the tile (an EMPTY tile, skipped
- * exactly): every key's bias is below every row's threshold.
+ * exactly): every key's bias is below every row's threshold. With a selection it also sets
+ * tmin and whole (rows with fewer valid keys than keep_k, say, keep a tile whole, which then
+ * takes the plain path with the bias only).
  */
 int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
                  int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
@@ -206,9 +201,8 @@ typedef struct ra_key_pieces {
     const ra_tile_dyn *use;
     ra_tile_dyn dyn, sel;
     ra_key_batch batch;
-    /* a tile being gathered from index j on (keys with bias >= tmin) */
+    /* a tile being gathered from index j on (keys with bias >= dyn.tmin) */
     int filling, j, batch_out;
-    float tmin;
 } ra_key_pieces;
 
 void ra__pieces_begin(ra_key_pieces *k, const struct ringattn_plan *p, const ra_dyn_io *io,

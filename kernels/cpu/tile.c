@@ -75,14 +75,6 @@ static void alibi_row(float *s, int n, float slope, int64_t qpos_delta, int64_t 
     }
 }
 
-void ra__tile_dyn_whole(ra_tile_dyn *dyn, int nq, int nk)
-{
-    float bmin = INFINITY, tmax = -INFINITY;
-    for (int j = 0; j < nk; ++j) bmin = dyn->bias[j] < bmin ? dyn->bias[j] : bmin;
-    for (int i = 0; i < nq; ++i) tmax = dyn->thr_b[i] > tmax ? dyn->thr_b[i] : tmax;
-    if (tmax < bmin) dyn->thr_b = NULL, dyn->thr_p = NULL; /* every key above every threshold */
-}
-
 int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
                    float tmin, int *j)
 {
@@ -95,13 +87,6 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
         b->slot[b->n++] = *j;
     }
     return b->n == bk;
-}
-
-float ra__tile_min_threshold(const ra_tile_dyn *dyn, int nq)
-{
-    float tmin = INFINITY;
-    for (int i = 0; i < nq; ++i) tmin = dyn->thr_b[i] < tmin ? dyn->thr_b[i] : tmin;
-    return tmin;
 }
 
 /* The batch's rows of head h of v as float32 [n, dim] in buf. */
@@ -169,9 +154,17 @@ int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int6
     out->thr_p = io->thr_p ? io->thr_p + hb * qrows + qrow : NULL;
     *use = out;
     if (!out->thr_b) return 1;
-    float bmax = -INFINITY, tmin = INFINITY;
-    for (int j = 0; j < nk; ++j) bmax = out->bias[j] > bmax ? out->bias[j] : bmax;
-    for (int i = 0; i < nq; ++i) tmin = out->thr_b[i] < tmin ? out->thr_b[i] : tmin;
+    float bmin = INFINITY, bmax = -INFINITY, tmin = INFINITY, tmax = -INFINITY;
+    for (int j = 0; j < nk; ++j) {
+        bmin = out->bias[j] < bmin ? out->bias[j] : bmin;
+        bmax = out->bias[j] > bmax ? out->bias[j] : bmax;
+    }
+    for (int i = 0; i < nq; ++i) {
+        tmin = out->thr_b[i] < tmin ? out->thr_b[i] : tmin;
+        tmax = out->thr_b[i] > tmax ? out->thr_b[i] : tmax;
+    }
+    out->tmin = tmin;
+    out->whole = tmax < bmin;
     return !(bmax < tmin);
 }
 

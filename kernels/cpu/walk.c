@@ -61,7 +61,7 @@ ra_piece ra__pieces_next(ra_key_pieces *k)
     if (k->batch_out) k->batch.n = 0, k->batch_out = 0; /* the caller is done with it */
     for (;;) {
         if (k->filling) {
-            if (ra__batch_fill(&k->batch, k->bk, &k->ks, k->krow, k->dyn.bias, k->tmin, &k->j))
+            if (ra__batch_fill(&k->batch, k->bk, &k->ks, k->krow, k->dyn.bias, k->dyn.tmin, &k->j))
                 return k->batch_out = 1, RA_PIECE_BATCH; /* full */
             k->filling = 0;
         }
@@ -71,13 +71,13 @@ ra_piece ra__pieces_next(ra_key_pieces *k)
         if (!ra__tile_dyn(k->p, k->io, k->h, k->qrow, nq, k->qrows, k->krow, nk, &k->dyn,
                           &k->use))
             continue; /* no row keeps any key of it: skipped exactly */
-        if (k->use && k->use->thr_b) {
-            k->sel = k->dyn;
-            ra__tile_dyn_whole(&k->dyn, nq, nk);
-        }
         if (!k->use || !k->use->thr_b) return RA_PIECE_TILE;
-        k->tmin = ra__tile_min_threshold(&k->sel, nq); /* gather the keys some row may keep */
-        k->j = 0;
+        k->sel = k->dyn; /* the rows' thresholds, for the batches */
+        if (k->dyn.whole) { /* every row keeps every key: the plain path with the bias */
+            k->dyn.thr_b = NULL, k->dyn.thr_p = NULL;
+            return RA_PIECE_TILE;
+        }
+        k->j = 0; /* gather the keys some row may keep: bias >= the rows' lowest threshold */
         k->filling = 1;
     }
 }
