@@ -213,12 +213,10 @@ static int shard_kept(const struct ringattn_plan *p, const ra_thresholds *thr, c
                       int64_t rows)
 {
     if (!thr->b) return 1; /* no selection */
-    const int64_t qrows = p->q_shard.rows;
     for (int hb = 0; hb < p->bias_heads; ++hb) {
-        float bmax = -INFINITY, tmin = INFINITY;
+        float bmax = -INFINITY;
         for (int64_t j = 0; j < rows; ++j) bmax = fmaxf(bmax, bias[hb * rows + j]);
-        for (int64_t i = 0; i < qrows; ++i) tmin = fminf(tmin, thr->b[hb * qrows + i]);
-        if (!(bmax < tmin)) return 1;
+        if (!(bmax < thr->lowest[hb])) return 1;
     }
     ra__log(RA_LOG_DEBUG, p->rank, p->ranks, "top-k: no local row keeps a key of the held shard: "
             "step skipped");

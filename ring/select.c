@@ -3,6 +3,7 @@
  * sequence (not per shard), in O(L log L) per sequence and bias head (masks/topk.c). The
  * buffers are the plan's, made on first use.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "masks/topk.h"
@@ -10,7 +11,7 @@
 #include "ring/select.h"
 
 struct ra_select {
-    float *thr_b;
+    float *thr_b, *lowest;
     int64_t *thr_p;
     ra_topk_key *order;
     int32_t *rank, *fen;
@@ -20,6 +21,7 @@ void ra__select_free(struct ra_select *s)
 {
     if (!s) return;
     free(s->thr_b);
+    free(s->lowest);
     free(s->thr_p);
     free(s->order);
     free(s->rank);
@@ -34,6 +36,7 @@ static ringattn_status_t select_make(struct ringattn_plan *p)
     const size_t rows = (size_t)p->bias_heads * (size_t)p->q_shard.rows + 1;
     struct ra_select *s = calloc(1, sizeof *s);
     if (!s || !(s->thr_b = malloc(rows * sizeof *s->thr_b)) ||
+        !(s->lowest = malloc((size_t)p->bias_heads * sizeof *s->lowest)) ||
         !(s->thr_p = malloc(rows * sizeof *s->thr_p)) ||
         !(s->order = malloc((size_t)longest * sizeof *s->order)) ||
         !(s->rank = malloc((size_t)longest * sizeof *s->rank)) ||
@@ -48,8 +51,7 @@ static ringattn_status_t select_make(struct ringattn_plan *p)
 ringattn_status_t ra__select_thresholds(struct ringattn_plan *p, const float *global_bias,
                                         ra_thresholds *out)
 {
-    out->b = NULL;
-    out->p = NULL;
+    *out = (ra_thresholds){NULL, NULL, NULL};
     if (!p->selects) return RINGATTN_SUCCESS;
     RA_TRY(select_make(p));
     struct ra_select *sel = p->select;
@@ -68,7 +70,11 @@ ringattn_status_t ra__select_thresholds(struct ringattn_plan *p, const float *gl
             }
         }
     }
-    out->b = sel->thr_b;
-    out->p = sel->thr_p;
+    for (int hb = 0; hb < p->bias_heads; ++hb) {
+        float lowest = INFINITY;
+        for (int64_t i = 0; i < rows; ++i) lowest = fminf(lowest, sel->thr_b[hb * rows + i]);
+        sel->lowest[hb] = lowest;
+    }
+    *out = (ra_thresholds){sel->thr_b, sel->thr_p, sel->lowest};
     return RINGATTN_SUCCESS;
 }

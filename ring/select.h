@@ -8,6 +8,7 @@
 typedef struct ra_thresholds {
     const float *b;
     const int64_t *p;
+    const float *lowest; /* [bias_heads]: the lowest b over the local rows */
 } ra_thresholds;
 
 /*
