@@ -245,22 +245,18 @@ static int make_plan(const problem_t *p, int threads, run_t *r) {
     return 1;
 }
 
-/* best of reps runs of one pass, seconds; -1 on failure */
-static double measure(run_t *r, int bwd, int reps) {
-    double best = INFINITY;
-    for (int rep = 0; rep < reps; ++rep) {
-        const double t0 = now();
-        const ringattn_status_t st =
-            bwd ? ringattn_backward(r->plan, &r->t, NULL) : ringattn_forward(r->plan, &r->t, NULL);
-        const double t = now() - t0;
-        if (st != RINGATTN_SUCCESS) {
-            fprintf(stderr, "bench_dynamic: %s: %s: %s\n", bwd ? "ringattn_backward" : "ringattn_forward",
-                    ringattn_status_string(st), ringattn_last_error());
-            return -1.0;
-        }
-        best = t < best ? t : best;
+/* One run of one pass, seconds; -1 on failure (the callers alternate plans and keep the best). */
+static double measure(run_t *r, int bwd) {
+    const double t0 = now();
+    const ringattn_status_t st =
+        bwd ? ringattn_backward(r->plan, &r->t, NULL) : ringattn_forward(r->plan, &r->t, NULL);
+    const double t = now() - t0;
+    if (st != RINGATTN_SUCCESS) {
+        fprintf(stderr, "bench_dynamic: %s: %s: %s\n", bwd ? "ringattn_backward" : "ringattn_forward",
+                ringattn_status_string(st), ringattn_last_error());
+        return -1.0;
     }
-    return best;
+    return t;
 }
 
 static FILE *json;
@@ -278,14 +274,14 @@ typedef struct {
 /* One timed forward and backward of row d; on the last round its outputs are checked too. */
 static void density_round(problem_t *p, density_t *d, int check, const options_t *opt) {
     if (!d->run.plan) return;
-    const double f = measure(&d->run, 0, 1);
+    const double f = measure(&d->run, 0);
     reference_t ref = {0}; /* filled when checked */
     p->keep_k = d->keep_k;
     if (check && f >= 0) {
         reference_init(&ref, p, opt->sample, 1, 7 + (uint64_t)d->keep_k);
         d->fwd_err = forward_error(&ref, p->T, p->H, p->D, p->o, p->lse); /* of this forward */
     }
-    const double b = f >= 0 ? measure(&d->run, 1, 1) : -1;
+    const double b = f >= 0 ? measure(&d->run, 1) : -1;
     if (check && f >= 0) {
         if (b >= 0) d->bwd_err = backward_error(p, &ref);
         reference_free(&ref);
@@ -367,18 +363,18 @@ static void select_row(const options_t *opt, int T, select_t *s, uint64_t seed) 
     int ok = 1;
     for (int k = 0; k < 2 && ok; ++k) { /* r[0]: keep_k 0, r[1]: keep_k 1; one untimed run each */
         p.keep_k = k;
-        ok = make_plan(&p, opt->select_threads, &r[k]) && measure(&r[k], 0, 1) >= 0;
+        ok = make_plan(&p, opt->select_threads, &r[k]) && measure(&r[k], 0) >= 0;
     }
     /* alternate the two so that a drifting machine speed hits both alike */
     for (int rep = 0; rep < opt->select_reps && ok; ++rep)
         for (int k = 0; k < 2 && ok; ++k) {
-            const double t = measure(&r[k], 0, 1);
+            const double t = measure(&r[k], 0);
             ok = t >= 0;
             best[k] = t < best[k] ? t : best[k];
         }
     for (int k = 0; k < 2 && ok; ++k) { /* check the output of each plan */
         p.keep_k = k;
-        ok = measure(&r[k], 0, 1) >= 0;
+        ok = measure(&r[k], 0) >= 0;
         reference_t ref;
         reference_init(&ref, &p, opt->sample, 0, seed + 1);
         err[k] = forward_error(&ref, p.T, p.H, p.D, p.o, p.lse);
