@@ -212,13 +212,8 @@ static ra_key_batch keys_by_bias(const struct ringattn_plan *p, const ra_bwd_io 
 {
     ra_key_batch all = ra__batch_of(w);
     ra__topk_order(bias, (int32_t)ks->count, w->order);
-    for (all.n = 0; all.n < (int)ks->count; ++all.n) {
-        const int32_t j = w->order[all.n].pos;
-        all.row[all.n] = krow + j;
-        all.pos[all.n] = (int32_t)(ks->pos + j * ks->stride);
-        all.bias[all.n] = bias[j];
-        all.slot[all.n] = j;
-    }
+    for (int i = 0; i < (int)ks->count; ++i)
+        ra__batch_add_key(&all, ks, krow, bias, w->order[i].pos);
     ra__batch_gather(p, io->k, io->v, g, &all, w->kb, w->vb);
     return all;
 }

@@ -136,6 +136,16 @@ static inline ra_key_batch ra__batch_of(ra_thread_ws *w)
     return b;
 }
 
+/* Appends key j of tile ks (local rows from krow; bias: the tile's) to b, slot j. */
+static inline void ra__batch_add_key(ra_key_batch *b, const ra_span *ks, int64_t krow,
+                                     const float *bias, int j)
+{
+    b->row[b->n] = krow + j;
+    b->pos[b->n] = (int32_t)(ks->pos + j * ks->stride);
+    b->bias[b->n] = bias[j];
+    b->slot[b->n++] = j;
+}
+
 /*
  * Appends to b the keys of tile ks (local rows from krow), from index *j on, whose bias reaches
  * tmin, up to bk keys in b. Returns 1 when b is full (flush it and call again), 0 when the

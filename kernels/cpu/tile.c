@@ -80,11 +80,7 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
 {
     for (; *j < (int)ks->count; ++*j) {
         if (b->n == bk) return 1;
-        if (bias[*j] < tmin) continue;
-        b->row[b->n] = krow + *j;
-        b->pos[b->n] = (int32_t)(ks->pos + *j * ks->stride);
-        b->bias[b->n] = bias[*j];
-        b->slot[b->n++] = *j;
+        if (!(bias[*j] < tmin)) ra__batch_add_key(b, ks, krow, bias, *j);
     }
     return b->n == bk;
 }
