@@ -164,7 +164,8 @@ typedef struct ringattn_plan_info {
     size_t struct_size;           /* set by RINGATTN_PLAN_INFO_INIT */
     int rank, ranks;
     int64_t local_tokens;
-    int num_steps;                /* ring steps (<= ranks): after them no rank needs a farther shard */
+    /* ring steps (<= ranks): after them no rank needs a farther shard */
+    int num_steps;
     int compute_steps;            /* steps in which this rank computes (the others are EMPTY) */
     size_t forward_bytes_sent, forward_bytes_received;   /* per forward call */
     size_t backward_bytes_sent, backward_bytes_received; /* per backward call */

@@ -58,8 +58,8 @@ ringattn_status_t ringattn_merge_partials(int num_partials, int64_t num_tokens, 
     ra_view *views = malloc((size_t)n * sizeof *views);
     float *buf = malloc((2 * (size_t)n + (size_t)(dv > 0 ? dv : 0)) * sizeof *buf);
     ra_view out;
-    ringattn_status_t st = views && buf ? RINGATTN_SUCCESS
-                                        : ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    ringattn_status_t st = RINGATTN_SUCCESS;
+    if (!views || !buf) st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     if (st == RINGATTN_SUCCESS)
         st = check_merge(n, T, H, dv, dtype, parts_o, parts_lse, out_o, out_lse, views, &out);
     if (st != RINGATTN_SUCCESS) {

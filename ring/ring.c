@@ -61,8 +61,9 @@ static ringattn_status_t ring_make(struct ringattn_plan *p)
     const size_t bias = p->selects ? (size_t)p->bias_heads * (size_t)p->cu_q[p->num_seqs] : 0;
     ok = ok && (g->bias = malloc(bias * sizeof(float) + 1));
     ok = ok && (g->own = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) &&
-         (g->home = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) && (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float)))
-         && (g->acc = malloc(rows * H * dmax * sizeof(float)));
+         (g->home = malloc(ra__shard_grad_bytes(p, p->rank) + 1)) &&
+         (g->m = malloc(rows * H * sizeof(float))) && (g->l = malloc(rows * H * sizeof(float))) &&
+         (g->acc = malloc(rows * H * dmax * sizeof(float)));
     if (!ok) {
         ra__ring_free(g);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (ring buffers)");
