@@ -2,8 +2,8 @@
 #include <stdlib.h>
 
 #include "comm/comm.h"
-#include "ring/error.h"
-#include "ring/registry.h"
+#include "base/error.h"
+#include "base/registry.h"
 
 ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size)
 {

@@ -10,8 +10,8 @@
 
 #include "comm/comm.h"
 #include "include/ringattn_mpi.h"
-#include "ring/error.h"
-#include "ring/registry.h"
+#include "base/error.h"
+#include "base/registry.h"
 
 typedef struct mpi_impl {
     MPI_Comm comm;

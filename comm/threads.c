@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "comm/comm.h"
-#include "ring/error.h"
-#include "ring/registry.h"
+#include "base/error.h"
+#include "base/registry.h"
 
 typedef struct post {
     int src, dst, tag, consumed;

@@ -2,8 +2,8 @@
 #ifndef RINGATTN_KERNELS_KERNEL_OPS_H
 #define RINGATTN_KERNELS_KERNEL_OPS_H
 
-#include "ring/shard.h"
-#include "ring/tensor.h"
+#include "masks/shard.h"
+#include "base/view.h"
 #include "ringattn.h"
 
 struct ringattn_plan;

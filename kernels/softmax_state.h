@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "kernels/host_device.h"
+#include "base/host_device.h"
 
 /* SPEC 4: initialise explicitly, never by relying on 0 * old to clear memory. */
 RA_HD void ra__state_init(float *m, float *l, float *acc, int dv)

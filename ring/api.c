@@ -1,11 +1,11 @@
 /* ringattn_forward / ringattn_backward: argument checks, then the backend (kernel table). */
 #include <math.h>
 
-#include "ring/agree.h"
-#include "ring/error.h"
-#include "ring/plan.h"
+#include "ring/plan/agree.h"
+#include "base/error.h"
+#include "ring/plan/plan.h"
 #include "ring/ring.h"
-#include "ring/tensor.h"
+#include "base/view.h"
 
 /* The plan: without a live one there is no ring to agree over. */
 static ringattn_status_t check_plan(const char *fn, ringattn_plan_t plan)

@@ -1,9 +1,9 @@
 /* Which global tokens a rank holds (SPEC 8), and scatter/gather of tensors by that map. */
 #include <string.h>
 
-#include "ring/error.h"
-#include "ring/plan.h"
-#include "ring/tensor.h"
+#include "base/error.h"
+#include "ring/plan/plan.h"
+#include "base/view.h"
 
 /* Global index (into the packed batch of cu_seqlens) of every local row, in order. */
 static void local_index(const struct ringattn_plan *p, int32_t *global_index)

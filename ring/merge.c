@@ -1,10 +1,10 @@
 /* ringattn_merge_partials: the SPEC 5 merge of normalised partial results, for callers. */
 #include <stdlib.h>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/softmax_state.h"
-#include "ring/error.h"
-#include "ring/tensor.h"
+#include "base/error.h"
+#include "base/view.h"
 
 #define FN "ringattn_merge_partials"
 

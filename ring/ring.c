@@ -11,12 +11,12 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "kernels/dtype.h"
-#include "ring/error.h"
-#include "ring/log.h"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "ring/ring.h"
-#include "ring/schedule.h"
-#include "ring/select.h"
+#include "ring/plan/schedule.h"
+#include "ring/plan/select.h"
 
 struct ra_ring {
     void *kv[2];     /* packed K then V of one shard, plan dtype */

@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/softmax_state.h"
-#include "ring/error.h"
+#include "base/error.h"
 
 /* Query-side inputs of one (query tile, head): Q, dO, LSE and D_i = dot(dO_i, O_i). */
 typedef struct q_side {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
-#include "ring/log.h"
+#include "base/log.h"
 
 /*
  * OpenBLAS built with pthreads would start its own threads inside every tile product of our

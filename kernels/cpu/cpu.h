@@ -9,8 +9,8 @@
 
 #include "masks/mask.h"
 #include "masks/topk.h"
-#include "ring/plan.h"
-#include "ring/tensor.h"
+#include "ring/plan/plan.h"
+#include "base/view.h"
 
 #define RA_CPU_DEFAULT_BLOCK_Q 256
 #define RA_CPU_DEFAULT_BLOCK_K 256

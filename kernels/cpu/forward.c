@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/softmax_state.h"
-#include "ring/error.h"
+#include "base/error.h"
 
 /*
  * SPEC 4 on the rows of one tile: s becomes p = exp(s - m_new) in place. A row that has seen no

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "masks/topk.h"
 
 const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,

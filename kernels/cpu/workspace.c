@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
-#include "ring/layout.h"
-#include "ring/error.h"
+#include "ring/plan/layout.h"
+#include "base/error.h"
 
 int ra__cpu_threads(const struct ringattn_plan *p)
 {

@@ -6,7 +6,7 @@
 #include <random>
 #include <thread>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace ringtest {
 

@@ -116,7 +116,7 @@ TEST_CASE("random floats round to the nearest, ties to even", "[half]")
 
 // The library's own conversions (kernels/dtype.h, header-only) against the ones above.
 #if __has_include("kernels/dtype.h")
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace {
 

@@ -1,15 +1,14 @@
 /*
  * A shard: the tokens one rank holds, as segments (a span of one sequence plus the local row
  * where it starts), sorted by sequence. The single-rank plan's queries and keys are shards of
- * one segment per sequence. Internal.
+ * one segment per sequence; ring/plan/layout.c makes them (SPEC 8). Internal.
  */
-#ifndef RINGATTN_RING_SHARD_H
-#define RINGATTN_RING_SHARD_H
+#ifndef RINGATTN_MASKS_SHARD_H
+#define RINGATTN_MASKS_SHARD_H
 
 #include <stdint.h>
 
 #include "masks/mask.h"
-#include "ringattn.h"
 
 typedef struct ra_segment {
     ra_span span; /* positions within its sequence */
@@ -28,11 +27,5 @@ static inline int64_t ra__segment_global(const ra_segment *seg, const int32_t *c
 {
     return cu[seg->span.seq] + seg->span.pos + j * seg->span.stride;
 }
-
-/* The shard of rank r of P under layout (SPEC 8) of the sequences in cu[num_seqs + 1]. With
-   P = 1 this is one segment per non-empty sequence at row cu[s]. */
-ringattn_status_t ra__shard_make(ringattn_layout_t layout, int P, int r, const int32_t *cu,
-                                 int num_seqs, ra_shard *out);
-void ra__shard_free(ra_shard *sh);
 
 #endif

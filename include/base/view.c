@@ -1,6 +1,6 @@
 /* Tensor argument checks shared by forward, backward and merge. */
-#include "ring/tensor.h"
-#include "ring/error.h"
+#include "base/view.h"
+#include "base/error.h"
 
 ringattn_status_t ra__view_make(const char *fn, const char *name, ringattn_tensor_t t,
                                 ringattn_dtype_t dt, int64_t rows, int heads, int dim,

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ring/log.h"
+#include "base/log.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int level = RA_LOG_WARN;

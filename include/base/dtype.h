@@ -2,13 +2,13 @@
  * Storage dtypes of SPEC 1: float16 and bfloat16 <-> float32, round to nearest even, with
  * inf and NaN preserved. Inline and CUDA-compatible (RA_HD); no intrinsics.
  */
-#ifndef RINGATTN_KERNELS_DTYPE_H
-#define RINGATTN_KERNELS_DTYPE_H
+#ifndef RINGATTN_BASE_DTYPE_H
+#define RINGATTN_BASE_DTYPE_H
 
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/host_device.h"
+#include "base/host_device.h"
 
 RA_HD uint32_t ra__f32_bits(float f)
 {

@@ -1,8 +1,8 @@
 /* SPEC 6 global top-k selection for a plan's local queries. Internal. */
-#ifndef RINGATTN_RING_SELECT_H
-#define RINGATTN_RING_SELECT_H
+#ifndef RINGATTN_RING_PLAN_SELECT_H
+#define RINGATTN_RING_PLAN_SELECT_H
 
-#include "ring/plan.h"
+#include "ring/plan/plan.h"
 
 /* Per (bias head, local query row) thresholds, [bias_heads, q rows] each (masks/topk.h). */
 typedef struct ra_thresholds {

@@ -3,12 +3,13 @@
  * A rank holds, for each sequence in order, one or two spans (masks/mask.h) of it; its local
  * rows are those spans laid end to end.
  */
-#ifndef RINGATTN_RING_LAYOUT_H
-#define RINGATTN_RING_LAYOUT_H
+#ifndef RINGATTN_RING_PLAN_LAYOUT_H
+#define RINGATTN_RING_PLAN_LAYOUT_H
 
 #include <stdint.h>
 
 #include "masks/mask.h"
+#include "masks/shard.h"
 #include "ringattn.h"
 
 #define RA_LAYOUT_MAX_SPANS 2 /* spans of one sequence on one rank (zigzag: 2) */
@@ -20,5 +21,11 @@
  */
 int ra__layout_spans(ringattn_layout_t layout, int P, int r, int32_t seq, int64_t len,
                      ra_span out[RA_LAYOUT_MAX_SPANS]);
+
+/* The shard of rank r of P under layout (SPEC 8) of the sequences in cu[num_seqs + 1]. With
+   P = 1 this is one segment per non-empty sequence at row cu[s]. */
+ringattn_status_t ra__shard_make(ringattn_layout_t layout, int P, int r, const int32_t *cu,
+                                 int num_seqs, ra_shard *out);
+void ra__shard_free(ra_shard *sh);
 
 #endif

@@ -1,9 +1,9 @@
 /* SPEC 8 layouts (see layout.h). */
 #include <stdlib.h>
 
-#include "ring/error.h"
-#include "ring/layout.h"
-#include "ring/shard.h"
+#include "base/error.h"
+#include "ring/plan/layout.h"
+#include "masks/shard.h"
 
 /* Chunk c of n chunks of a sequence of length len: start position and size. */
 static ra_span chunk(int32_t seq, int64_t len, int n, int c)

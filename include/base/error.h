@@ -2,8 +2,8 @@
  * Status, thread-local error message and the check macros (DESIGN: errors).
  * Messages read "<function>: <what>: got <value>, expected <constraint>".
  */
-#ifndef RINGATTN_RING_ERROR_H
-#define RINGATTN_RING_ERROR_H
+#ifndef RINGATTN_BASE_ERROR_H
+#define RINGATTN_BASE_ERROR_H
 
 #include "ringattn.h"
 

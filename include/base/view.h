@@ -1,6 +1,6 @@
-/* Resolved views of the caller's [T, heads, dim] tensors (strides in elements). Internal. */
-#ifndef RINGATTN_RING_TENSOR_H
-#define RINGATTN_RING_TENSOR_H
+/* Resolved views of [T, heads, dim] tensors (strides in elements) and their checks. Internal. */
+#ifndef RINGATTN_BASE_VIEW_H
+#define RINGATTN_BASE_VIEW_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -20,14 +20,6 @@ static inline void *ra__view_at(const ra_view *v, int64_t t, int64_t h)
 {
     return v->data + (size_t)(t * v->row + h * v->head) * v->elem;
 }
-
-/* The checked tensors of one forward or backward call, as the backends receive them. */
-typedef struct ra_args {
-    ra_view q, k, v, o, dout, dq, dk, dv;
-    float *lse; /* [num_heads, T_q] */
-    const float *key_bias; /* [H_b, T_k] or NULL */
-    float *dbias;          /* [H_b, T_k] or NULL */
-} ra_args;
 
 /*
  * Checks one tensor argument of function fn and resolves its strides. is_output: it must not

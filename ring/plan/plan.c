@@ -4,14 +4,14 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "ring/agree.h"
-#include "ring/error.h"
-#include "ring/log.h"
-#include "ring/plan.h"
-#include "ring/registry.h"
+#include "ring/plan/agree.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "ring/plan/plan.h"
+#include "base/registry.h"
 #include "ring/ring.h"
-#include "ring/schedule.h"
-#include "ring/select.h"
+#include "ring/plan/schedule.h"
+#include "ring/plan/select.h"
 
 #define FN "ringattn_plan_create"
 

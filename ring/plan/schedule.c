@@ -2,10 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ring/error.h"
-#include "ring/log.h"
-#include "ring/schedule.h"
-#include "ring/tensor.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "ring/plan/schedule.h"
+#include "base/view.h"
 
 /* K and V in `elem`-byte elements, padded to 4 bytes, then the float32 bias (ring.c's layout). */
 static size_t shard_bytes(const struct ringattn_plan *p, int r, size_t elem)

@@ -1,8 +1,8 @@
 /* The ring schedule (DESIGN: plan and schedule). Internal. */
-#ifndef RINGATTN_RING_SCHEDULE_H
-#define RINGATTN_RING_SCHEDULE_H
+#ifndef RINGATTN_RING_PLAN_SCHEDULE_H
+#define RINGATTN_RING_PLAN_SCHEDULE_H
 
-#include "ring/plan.h"
+#include "ring/plan/plan.h"
 
 /*
  * At step t rank r attends its queries to the keys of rank (r - t) mod P. Classifies every

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "masks/topk.h"
-#include "ring/error.h"
-#include "ring/select.h"
+#include "base/error.h"
+#include "ring/plan/select.h"
 
 struct ra_select {
     float *thr_b, *lowest;

@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "ring/error.h"
+#include "base/error.h"
 
 static _Thread_local char last_error[512];
 

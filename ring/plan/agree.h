@@ -1,10 +1,10 @@
 /* Collective checks: every rank passed the same, valid descriptor; every rank's call arguments
    were valid. Internal. */
-#ifndef RINGATTN_RING_AGREE_H
-#define RINGATTN_RING_AGREE_H
+#ifndef RINGATTN_RING_PLAN_AGREE_H
+#define RINGATTN_RING_PLAN_AGREE_H
 
 #include "ringattn.h"
-#include "ring/plan.h"
+#include "ring/plan/plan.h"
 
 /* Collective over comm. local: this rank's own validation result. */
 ringattn_status_t ra__plan_agree(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,

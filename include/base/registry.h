@@ -2,8 +2,8 @@
  * The handles (plans, comms) this library has made and not yet destroyed, so that a destroyed
  * or made-up handle is an INVALID_USAGE error rather than a use after free. Thread-safe.
  */
-#ifndef RINGATTN_RING_REGISTRY_H
-#define RINGATTN_RING_REGISTRY_H
+#ifndef RINGATTN_BASE_REGISTRY_H
+#define RINGATTN_BASE_REGISTRY_H
 
 /* 0 on success, -1 when out of memory. */
 int ra__registry_add(const void *handle);

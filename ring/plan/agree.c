@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "ring/agree.h"
-#include "ring/error.h"
+#include "ring/plan/agree.h"
+#include "base/error.h"
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n)
 {

@@ -1,12 +1,12 @@
 /* The plan as built: a validated, owned copy of the descriptor plus derived values. Internal. */
-#ifndef RINGATTN_RING_PLAN_H
-#define RINGATTN_RING_PLAN_H
+#ifndef RINGATTN_RING_PLAN_PLAN_H
+#define RINGATTN_RING_PLAN_PLAN_H
 
 #include <stdint.h>
 
 #include "kernels/kernel_ops.h"
 #include "masks/mask.h"
-#include "ring/shard.h"
+#include "masks/shard.h"
 #include "ringattn.h"
 
 #define RA_MAX_HEAD_DIM 256

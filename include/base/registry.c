@@ -2,7 +2,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "ring/registry.h"
+#include "base/registry.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static const void **live;
