@@ -32,3 +32,9 @@ double ra__comm_timeout_s(void)
     const char *env = getenv("RINGATTN_COMM_TIMEOUT");
     return env && atof(env) > 0 ? atof(env) : 60.0;
 }
+
+int ra__comm_next_tag(ringattn_comm_t c)
+{
+    enum { PERIOD = 32767 / RA_EXCHANGE_SLOTS }; /* exchanges in flight are far fewer */
+    return (int)(c->exchanges++ % PERIOD) * RA_EXCHANGE_SLOTS;
+}

@@ -1,6 +1,6 @@
 /*
  * The "threads" transport: N ranks as threads of one process (fast ring tests without mpirun,
- * and in-process users). Messages are matched like MPI's (source, tag, FIFO) and copied straight
+ * and in-process users). Messages are matched like MPI's (source, tag) and copied straight
  * from the sender's buffer, which the sender keeps until its wait returns. Every wait has a
  * deadline (RINGATTN_COMM_TIMEOUT seconds, default 60): a rank that never answers is an error,
  * not a hang.
@@ -11,9 +11,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm.h"
 #include "base/error.h"
+#include "base/host_stream.h"
 #include "base/registry.h"
+#include "comm/comm.h"
 
 typedef struct post {
     int src, dst, tag, consumed;
@@ -27,9 +28,11 @@ typedef struct hub {
     pthread_cond_t cv;
     int size, refs;
     post *posts;
+    /* collectives, one at a time (every rank calls them in the same order) */
     int arrived;
     unsigned generation;
     int64_t acc[RA_ALLREDUCE_MAX], result[RA_ALLREDUCE_MAX];
+    const void **gather_src; /* [size] */
 } hub;
 
 static struct timespec deadline(void)
@@ -38,31 +41,6 @@ static struct timespec deadline(void)
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += (time_t)ra__comm_timeout_s();
     return ts;
-}
-
-static ringattn_status_t th_start(ringattn_comm_t c, const void *sendbuf, size_t send_bytes,
-                                  int dst, void *recvbuf, size_t recv_bytes, int src, int tag,
-                                  ra_request *req)
-{
-    hub *h = c->impl;
-    post *p = NULL;
-    if (send_bytes) {
-        p = calloc(1, sizeof *p);
-        RA_CHECK(p != NULL, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn comm threads: out of memory");
-        *p = (post){c->rank, dst, tag, 0, sendbuf, send_bytes, NULL};
-        pthread_mutex_lock(&h->mu);
-        post **tail = &h->posts;
-        while (*tail) tail = &(*tail)->next;
-        *tail = p; /* appended: FIFO per (source, destination, tag) */
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-    }
-    req->ptr[0] = p;
-    req->ptr[1] = recv_bytes ? recvbuf : NULL;
-    req->val[0] = (int64_t)recv_bytes;
-    req->val[1] = src;
-    req->val[2] = tag;
-    return RINGATTN_SUCCESS;
 }
 
 static void unlink_post(hub *h, post *p)
@@ -75,60 +53,129 @@ static void unlink_post(hub *h, post *p)
     free(p);
 }
 
-/* One matching attempt, lock held. Returns 1 when the request is complete. */
-static int progress_locked(ringattn_comm_t c, hub *h, ra_request *req, ringattn_status_t *st)
+/* One matching attempt, lock held. Returns 1 when the exchange is complete. */
+static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st)
 {
-    if (req->ptr[1]) {
-        for (post *p = h->posts; p; p = p->next) {
-            if (p->consumed || p->dst != c->rank || p->src != req->val[1] || p->tag != req->val[2])
+    int complete = 1;
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+        ra_msg *r = &x->recv[i];
+        for (post *p = h->posts; r->bytes && p; p = p->next) {
+            if (p->consumed || p->dst != c->rank || p->src != r->peer || p->tag != x->tag + i)
                 continue;
-            if (p->bytes != (size_t)req->val[0])
+            if (p->bytes != r->bytes)
                 *st = ra__fail(RINGATTN_ERR_COMM,
                                "ringattn comm threads: message from rank %d: got %zu bytes, "
-                               "expected %lld",
-                               p->src, p->bytes, (long long)req->val[0]);
-            else memcpy(req->ptr[1], p->buf, p->bytes);
+                               "expected %zu",
+                               p->src, p->bytes, r->bytes);
+            else memcpy(r->buf, p->buf, p->bytes);
             p->consumed = 1;
-            req->ptr[1] = NULL;
+            r->bytes = 0; /* received */
             pthread_cond_broadcast(&h->cv);
             break;
         }
+        post *mine = x->posts[i];
+        if (mine && mine->consumed) {
+            unlink_post(h, mine);
+            x->posts[i] = NULL;
+        }
+        complete = complete && !r->bytes && !x->posts[i];
     }
-    post *mine = req->ptr[0];
-    if (mine && mine->consumed) {
-        unlink_post(h, mine);
-        req->ptr[0] = NULL;
-    }
-    return req->ptr[0] == NULL && req->ptr[1] == NULL;
+    return complete;
 }
 
-static ringattn_status_t th_test(ringattn_comm_t c, ra_request *req, int *done)
+static void th_poll(void *ctx)
+{
+    ra_exchange *x = ctx;
+    hub *h = x->comm->impl;
+    ringattn_status_t st = RINGATTN_SUCCESS; /* a failure shows again in the wait */
+    pthread_mutex_lock(&h->mu);
+    (void)progress_locked(x->comm, h, x, &st);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *stream)
+{
+    hub *h = c->impl;
+    x->comm = c;
+    x->tag = ra__comm_next_tag(c);
+    x->stream = NULL;
+    post *made[RA_EXCHANGE_SLOTS] = {NULL};
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+        x->posts[i] = NULL;
+        if (!x->send[i].bytes) continue;
+        made[i] = malloc(sizeof *made[i]);
+        if (!made[i]) {
+            for (int j = 0; j < i; ++j) free(made[j]);
+            return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn comm threads: out of memory");
+        }
+        *made[i] = (post){c->rank, x->send[i].peer, x->tag + i, 0, x->send[i].buf,
+                          x->send[i].bytes, NULL};
+    }
+    pthread_mutex_lock(&h->mu);
+    post **tail = &h->posts;
+    while (*tail) tail = &(*tail)->next;
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i)
+        if (made[i]) {
+            *tail = x->posts[i] = made[i];
+            tail = &made[i]->next;
+        }
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    if (stream && ra__host_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t th_test(ringattn_comm_t c, ra_exchange *x, int *done)
 {
     hub *h = c->impl;
     ringattn_status_t st = RINGATTN_SUCCESS;
     pthread_mutex_lock(&h->mu);
-    *done = progress_locked(c, h, req, &st);
+    *done = progress_locked(c, h, x, &st);
     pthread_mutex_unlock(&h->mu);
     return st;
 }
 
-static ringattn_status_t th_wait(ringattn_comm_t c, ra_request *req)
+static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
 {
     hub *h = c->impl;
     ringattn_status_t st = RINGATTN_SUCCESS;
+    if (x->stream) ra__host_stream_detach(x->stream, x);
+    x->stream = NULL;
     const struct timespec until = deadline();
     pthread_mutex_lock(&h->mu);
-    while (!progress_locked(c, h, req, &st)) {
-        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT) {
-            if (req->ptr[0]) unlink_post(h, req->ptr[0]); /* the sender's buffer goes away */
-            req->ptr[0] = req->ptr[1] = NULL;
-            st = ra__fail(RINGATTN_ERR_COMM,
-                          "ringattn comm threads: rank %d: timed out waiting for rank %lld",
-                          c->rank, (long long)req->val[1]);
+    while (!progress_locked(c, h, x, &st)) {
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT) continue;
+        int from = -1;
+        for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+            if (x->posts[i]) unlink_post(h, x->posts[i]); /* the sender's buffer goes away */
+            if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
+            x->posts[i] = NULL;
+            x->recv[i].bytes = 0;
         }
+        st = ra__fail(RINGATTN_ERR_COMM,
+                      "ringattn comm threads: rank %d: timed out waiting for rank %d", c->rank,
+                      from);
     }
     pthread_mutex_unlock(&h->mu);
     return st;
+}
+
+/* Every rank at the same point, lock held; RINGATTN_ERR_COMM at the deadline. */
+static ringattn_status_t barrier_locked(ringattn_comm_t c, hub *h, const struct timespec *until,
+                                        const char *what)
+{
+    if (++h->arrived == h->size) {
+        h->arrived = 0;
+        ++h->generation;
+        pthread_cond_broadcast(&h->cv);
+        return RINGATTN_SUCCESS;
+    }
+    const unsigned gen = h->generation;
+    while (gen == h->generation)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, until) == ETIMEDOUT)
+            return ra__fail(RINGATTN_ERR_COMM, "ringattn comm threads: rank %d: %s timed out",
+                            c->rank, what);
+    return RINGATTN_SUCCESS;
 }
 
 static void combine(int64_t *acc, const int64_t *v, int n, ra_reduce_op op)
@@ -145,24 +192,36 @@ static ringattn_status_t th_allreduce(ringattn_comm_t c, int64_t *vals, int n, r
     hub *h = c->impl;
     RA_CHECK(n >= 0 && n <= RA_ALLREDUCE_MAX, RINGATTN_ERR_INTERNAL,
              "ringattn comm threads: allreduce of %d values, expected <= %d", n, RA_ALLREDUCE_MAX);
-    ringattn_status_t st = RINGATTN_SUCCESS;
     const struct timespec until = deadline();
     pthread_mutex_lock(&h->mu);
     if (h->arrived == 0) memcpy(h->acc, vals, (size_t)n * sizeof *vals);
     else combine(h->acc, vals, n, op);
-    if (++h->arrived == h->size) {
-        memcpy(h->result, h->acc, (size_t)n * sizeof *vals);
-        h->arrived = 0;
-        ++h->generation;
-        pthread_cond_broadcast(&h->cv);
-    } else {
-        const unsigned gen = h->generation;
-        while (gen == h->generation && st == RINGATTN_SUCCESS)
-            if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT)
-                st = ra__fail(RINGATTN_ERR_COMM,
-                              "ringattn comm threads: rank %d: allreduce timed out", c->rank);
-    }
+    if (h->arrived + 1 == h->size) memcpy(h->result, h->acc, (size_t)n * sizeof *vals);
+    const ringattn_status_t st = barrier_locked(c, h, &until, "allreduce");
     if (st == RINGATTN_SUCCESS) memcpy(vals, h->result, (size_t)n * sizeof *vals);
+    pthread_mutex_unlock(&h->mu);
+    return st;
+}
+
+/* Every rank publishes its buffer; all copy every buffer; nobody leaves (and frees its
+   buffer) before all have copied. */
+static ringattn_status_t th_allgather(ringattn_comm_t c, const void *send, void *recv,
+                                      const size_t *bytes)
+{
+    hub *h = c->impl;
+    const struct timespec until = deadline();
+    pthread_mutex_lock(&h->mu);
+    h->gather_src[c->rank] = send;
+    ringattn_status_t st = barrier_locked(c, h, &until, "allgather");
+    pthread_mutex_unlock(&h->mu);
+    if (st != RINGATTN_SUCCESS) return st;
+    size_t at = 0;
+    for (int r = 0; r < c->size; ++r) {
+        if (bytes[r]) memcpy((char *)recv + at, h->gather_src[r], bytes[r]);
+        at += bytes[r];
+    }
+    pthread_mutex_lock(&h->mu);
+    st = barrier_locked(c, h, &until, "allgather");
     pthread_mutex_unlock(&h->mu);
     return st;
 }
@@ -177,6 +236,7 @@ static void th_destroy(ringattn_comm_t c)
         while (h->posts) unlink_post(h, h->posts);
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
+        free(h->gather_src);
         free(h);
     }
     free(c);
@@ -184,10 +244,11 @@ static void th_destroy(ringattn_comm_t c)
 
 static const struct ra_comm_ops threads_ops = {
     .name = "threads",
-    .sendrecv_start = th_start,
-    .test = th_test,
-    .wait = th_wait,
     .allreduce_i64 = th_allreduce,
+    .allgather = th_allgather,
+    .exchange_start = th_start,
+    .exchange_test = th_test,
+    .exchange_wait = th_wait,
     .destroy = th_destroy,
 };
 
@@ -200,7 +261,7 @@ ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *c
              "%s: num_ranks: got %d, expected 1..4096", fn, num_ranks);
     hub *h = calloc(1, sizeof *h);
     ringattn_comm_t *made = calloc((size_t)num_ranks, sizeof *made);
-    int ok = h && made;
+    int ok = h && made && (h->gather_src = calloc((size_t)num_ranks, sizeof *h->gather_src));
     for (int r = 0; ok && r < num_ranks; ++r) ok = (made[r] = calloc(1, sizeof *made[r])) != NULL;
     for (int r = 0; ok && r < num_ranks; ++r) ok = ra__registry_add(made[r]) == 0;
     if (!ok) {
@@ -209,6 +270,7 @@ ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *c
             free(made[r]);
         }
         free(made);
+        if (h) free(h->gather_src);
         free(h);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
@@ -216,7 +278,7 @@ ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *c
     pthread_cond_init(&h->cv, NULL);
     h->size = h->refs = num_ranks;
     for (int r = 0; r < num_ranks; ++r) {
-        *made[r] = (struct ringattn_comm){&threads_ops, r, num_ranks, h};
+        *made[r] = (struct ringattn_comm){&threads_ops, r, num_ranks, h, 0};
         comms[r] = made[r];
     }
     free(made);

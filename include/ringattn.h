@@ -6,6 +6,12 @@
  *
  * Every function validates its arguments, returns a status, writes nothing on failure and
  * leaves a message for ringattn_last_error(). Nothing aborts, exits or throws.
+ *
+ * Structs that begin with struct_size (ringattn_plan_desc_t, ringattn_tensors_t,
+ * ringattn_plan_info_t) grow only at their end. A program built against an older header passes
+ * its smaller struct_size and keeps working: fields it does not have take their defaults (those
+ * of the _INIT macros), and an info struct gets only the fields it has. A struct_size that is
+ * no released size of the struct (a newer, larger one, say) is RINGATTN_ERR_INVALID_ARGUMENT.
  */
 #ifndef RINGATTN_H
 #define RINGATTN_H
@@ -26,7 +32,7 @@ extern "C" {
 #endif
 
 #define RINGATTN_VERSION_MAJOR 0
-#define RINGATTN_VERSION_MINOR 1
+#define RINGATTN_VERSION_MINOR 2
 #define RINGATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
 #define RINGATTN_VERSION \
@@ -62,13 +68,18 @@ typedef enum ringattn_layout {
     RINGATTN_LAYOUT_STRIPED = 2
 } ringattn_layout_t;
 
+/* Which kernels a plan runs on. AUTO: the CPU (the CUDA backend, once built, when a device is
+   there). A backend this build lacks is RINGATTN_ERR_UNSUPPORTED at plan creation. */
+typedef enum ringattn_backend {
+    RINGATTN_BACKEND_AUTO = 0,
+    RINGATTN_BACKEND_CPU = 1,
+    RINGATTN_BACKEND_CUDA = 2
+} ringattn_backend_t;
+
 typedef struct ringattn_comm *ringattn_comm_t; /* who is in the ring, how bytes move */
 typedef struct ringattn_plan *ringattn_plan_t; /* shapes, masks, schedule, workspace */
 
-/*
- * What to compute. Initialise with RINGATTN_PLAN_DESC_INIT, then set fields; struct_size lets
- * later versions add fields without breaking binaries built against this one.
- */
+/* What to compute. Initialise with RINGATTN_PLAN_DESC_INIT, then set fields. */
 typedef struct ringattn_plan_desc {
     size_t struct_size;
     int num_heads;    /* H: query heads */
@@ -91,14 +102,20 @@ typedef struct ringattn_plan_desc {
        bias; else 1, num_kv_heads or num_heads. keep_k > 0 (needs a bias): each query keeps only
        the keep_k valid keys of largest bias over its whole sequence (ties: lower position). */
     int key_bias_heads, keep_k;
-    int block_q, block_k;        /* tile sizes in tokens, 0..1024, 0 = default (tuning, tests) */
-    int num_threads;             /* CPU threads, 0 = OpenMP's default */
+    int block_q, block_k;        /* tile sizes in tokens, 0..1024, 0 = the backend's choice
+                                    (ringattn_plan_get_info reports it) */
+    int num_threads;             /* CPU threads of a call, 0 = OpenMP's default at the call;
+                                    never more than when the plan was made (its workspace) */
+    /* since 0.2 */
+    ringattn_backend_t backend;  /* default AUTO */
+    int device;                  /* CUDA device ordinal; -1 (default): the current one. The CPU
+                                    backend takes -1 or 0. Not part of the descriptor agreement */
 } ringattn_plan_desc_t;
 
 #define RINGATTN_PLAN_DESC_INIT                                                              \
     {                                                                                       \
         sizeof(ringattn_plan_desc_t), 0, 0, 0, 0, RINGATTN_FLOAT32, RINGATTN_LAYOUT_CONTIGUOUS, \
-            0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0                         \
+            0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1 \
     }
 
 /*
@@ -159,7 +176,11 @@ RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
  */
 RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
                                                           int32_t *global_index);
-/* What a plan will do on this rank: its schedule and traffic (also logged at RINGATTN_LOG=info). */
+/*
+ * What a plan will do on this rank and what it holds: its schedule, traffic, tiles and memory
+ * (also logged at RINGATTN_LOG=info). The memory is all made at plan creation; calls allocate
+ * nothing.
+ */
 typedef struct ringattn_plan_info {
     size_t struct_size;           /* set by RINGATTN_PLAN_INFO_INIT */
     int rank, ranks;
@@ -167,11 +188,23 @@ typedef struct ringattn_plan_info {
     /* ring steps (<= ranks): after them no rank needs a farther shard */
     int num_steps;
     int compute_steps;            /* steps in which this rank computes (the others are EMPTY) */
+    /* K/V shards and their float32 sums moved per call (the key bias is counted below) */
     size_t forward_bytes_sent, forward_bytes_received;   /* per forward call */
     size_t backward_bytes_sent, backward_bytes_received; /* per backward call */
+    /* since 0.2 */
+    ringattn_backend_t backend;   /* the backend the plan runs on (never AUTO) */
+    int device;                   /* its device, -1 for the CPU */
+    int block_q, block_k;         /* tile sizes the backend decided */
+    size_t bias_bytes_received;   /* per call: the other ranks' key bias (gathered once) */
+    size_t workspace_bytes;       /* the kernels' workspace, in the backend's memory */
+    size_t buffer_bytes;          /* the ring's buffers (shards, sums, state), backend memory */
+    size_t host_bytes;            /* host memory besides (token maps, schedule, selection) */
+    size_t memory_bytes;          /* everything the plan holds: the three above */
 } ringattn_plan_info_t;
 
-#define RINGATTN_PLAN_INFO_INIT {sizeof(ringattn_plan_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define RINGATTN_PLAN_INFO_INIT \
+    {sizeof(ringattn_plan_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1, 0, 0, 0, \
+     0, 0, 0, 0}
 
 RINGATTN_API ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan,
                                                       ringattn_plan_info_t *info);

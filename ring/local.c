@@ -8,8 +8,9 @@
 /* Global index (into the packed batch of cu_seqlens) of every local row, in order. */
 static void local_index(const struct ringattn_plan *p, int32_t *global_index)
 {
-    for (int i = 0; i < p->q_shard.num_segs; ++i) {
-        const ra_segment *seg = &p->q_shard.segs[i];
+    const ra_shard *q = p->kp.queries;
+    for (int i = 0; i < q->num_segs; ++i) {
+        const ra_segment *seg = &q->segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j)
             global_index[seg->row + j] = (int32_t)ra__segment_global(seg, p->cu_q, j);
     }
@@ -19,11 +20,10 @@ ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *coun
                                             int32_t *global_index)
 {
     static const char fn[] = "ringattn_plan_local_tokens";
-    RA_CHECK(plan != NULL && ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
-             "%s: plan: got %p, expected a live plan", fn, (void *)plan);
+    RA_TRY(ra__plan_check(fn, plan));
     RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: count: got NULL, expected a pointer", fn);
-    *count = plan->q_shard.rows;
+    *count = plan->kp.queries->rows;
     if (global_index) local_index(plan, global_index);
     return RINGATTN_SUCCESS;
 }
@@ -33,19 +33,19 @@ static ringattn_status_t move_rows(const char *fn, ringattn_plan_t p, ringattn_d
                                    int heads, int dim, ringattn_tensor_t global,
                                    ringattn_tensor_t local, int to_local)
 {
-    RA_CHECK(p != NULL && ra__plan_is_live(p), RINGATTN_ERR_INVALID_USAGE,
-             "%s: plan: got %p, expected a live plan", fn, (void *)p);
+    RA_TRY(ra__plan_check(fn, p));
     RA_CHECK(dt == RINGATTN_FLOAT32 || dt == RINGATTN_FLOAT16 || dt == RINGATTN_BFLOAT16,
              RINGATTN_ERR_INVALID_ARGUMENT, "%s: dtype: got %d, expected a ringattn_dtype_t", fn,
              (int)dt);
     RA_CHECK(heads > 0 && dim > 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: heads/dim: got %d/%d, expected > 0", fn, heads, dim);
     ra_view g, l;
-    const int64_t total = p->cu_q[p->num_seqs], rows = p->q_shard.rows;
+    const ra_shard *q = p->kp.queries;
+    const int64_t total = p->cu_q[p->kp.num_seqs], rows = q->rows;
     RA_TRY(ra__view_make(fn, "global", global, dt, total, heads, dim, !to_local, &g));
     RA_TRY(ra__view_make(fn, "local", local, dt, rows, heads, dim, to_local, &l));
-    for (int i = 0; i < p->q_shard.num_segs; ++i) {
-        const ra_segment *seg = &p->q_shard.segs[i];
+    for (int i = 0; i < q->num_segs; ++i) {
+        const ra_segment *seg = &q->segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j) {
             const int64_t gr = ra__segment_global(seg, p->cu_q, j);
             for (int h = 0; h < heads; ++h) {

@@ -1,22 +1,40 @@
-/* The ring driver (DESIGN: "two small tables and one loop"). Internal. */
+/*
+ * The ring driver (DESIGN: the ring). It reaches the kernels, the backend's memory and the
+ * transport only through their tables (kernels/backend.h, comm/comm.h), and decides everything
+ * a step needs before the ring starts. Internal.
+ */
 #ifndef RINGATTN_RING_RING_H
 #define RINGATTN_RING_RING_H
 
-#include "base/view.h"
+#include "ring/call.h"
 #include "ring/plan/plan.h"
-
-/* The checked tensors of one forward or backward call (ring/api.c). */
-typedef struct ra_args {
-    ra_view q, k, v, o, dout, dq, dk, dv;
-    float *lse;            /* [num_heads, T_q] */
-    const float *key_bias; /* [H_b, T_k] or NULL */
-    float *dbias;          /* [H_b, T_k] or NULL */
-} ra_args;
+#include "ring/plan/schedule.h"
 
 /* O, LSE of the local queries over every rank's keys (one step when single-rank). */
-ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_args *a);
-/* dQ of the local queries and dK, dV of the local keys, summed over every rank (SPEC 7). */
-ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_args *a);
-void ra__ring_free(struct ra_ring *ring);
+ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_call *c);
+/* dQ of the local queries and dK, dV (dBias) of the local keys, summed over every rank. */
+ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c);
+
+/* This call's decisions, made before the ring starts (ring/prepare.c). */
+typedef struct ra_prepared {
+    const float *bias;   /* every shard's bias, backend memory, shard after shard (ring), or
+                            the caller's (one rank); NULL without a bias */
+    const float *thr_b;  /* SPEC 6 thresholds of the local rows, backend memory; NULL: none */
+    const int64_t *thr_p;
+    const unsigned char *run; /* [num_steps] does step t compute */
+} ra_prepared;
+
+/*
+ * The key bias of every shard (gathered once on the control plane), the local rows' SPEC 6
+ * thresholds, and which steps compute: those the schedule keeps, less the top-k steps whose
+ * held shard no local row keeps a key of (the forward's first and last compute steps, which
+ * start and finish the softmax state, always run). Collective in a ring with a key bias.
+ */
+ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, int backward,
+                                   ra_prepared *out);
+
+/* The SPEC 6 part of step t's io: the held shard's bias and the local rows' thresholds. */
+ra_dyn_io ra__ring_dyn_io(const struct ringattn_plan *p, const ra_prepared *pr, int t,
+                          float *dbias);
 
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/host_device.h"
+#include "ringattn.h"
 
 RA_HD uint32_t ra__f32_bits(float f)
 {
@@ -61,6 +62,32 @@ RA_HD uint16_t ra__f32_to_f16(float f)
     const float rem = scaled - (float)q;
     if (rem > 0.5f || (rem == 0.5f && (q & 1u))) ++q;
     return (uint16_t)(sign | q);
+}
+
+/* Bytes of one element of a storage dtype. */
+RA_HD size_t ra__dtype_size(ringattn_dtype_t dt) { return dt == RINGATTN_FLOAT32 ? 4 : 2; }
+
+/* n elements of storage dtype dt at src as float32 into dst. */
+RA_HD void ra__load_f32(float *dst, const void *src, ringattn_dtype_t dt, int64_t n)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    if (dt == RINGATTN_FLOAT32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (dt == RINGATTN_FLOAT16)
+        for (int64_t c = 0; c < n; ++c) dst[c] = ra__f16_to_f32(h[c]);
+    else
+        for (int64_t c = 0; c < n; ++c) dst[c] = ra__bf16_to_f32(h[c]);
+}
+
+/* n float32 values into storage dtype dt at dst (rounded to nearest even): every store of
+   float32 results into the caller's tensors goes through here. */
+RA_HD void ra__store_f32(void *dst, ringattn_dtype_t dt, const float *src, int64_t n)
+{
+    uint16_t *h = (uint16_t *)dst;
+    if (dt == RINGATTN_FLOAT32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (dt == RINGATTN_FLOAT16)
+        for (int64_t c = 0; c < n; ++c) h[c] = ra__f32_to_f16(src[c]);
+    else
+        for (int64_t c = 0; c < n; ++c) h[c] = ra__f32_to_bf16(src[c]);
 }
 
 #endif

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "ringattn.h"
 
 typedef struct ra_view {
@@ -12,8 +13,6 @@ typedef struct ra_view {
     int64_t row, head; /* strides in elements, resolved (never 0) */
     size_t elem;       /* bytes per element */
 } ra_view;
-
-static inline size_t ra__dtype_size(ringattn_dtype_t dt) { return dt == RINGATTN_FLOAT32 ? 4 : 2; }
 
 /* Address of element (t, h, 0). */
 static inline void *ra__view_at(const ra_view *v, int64_t t, int64_t h)

@@ -1,8 +1,8 @@
 /*
- * CPU backward (SPEC 7), deterministic and with O(threads x tile) workspace plus D_i per query
- * row (computed once per call, before the two passes):
- *   keys pass:    one (key tile, kv head) per task sums dK, dV over every query head of its
- *                 GQA group and every query tile that can see it;
+ * CPU backward (SPEC 7), deterministic and with O(threads x tile) workspace plus three values
+ * per query row (the prologue's, once per call):
+ *   keys pass (keys.c): one (key tile, kv head) per task sums dK, dV over every query head of
+ *                 its GQA group and every query tile that can see it;
  *   queries pass: one (query tile, head) per task sums dQ over the key tiles it sees.
  * Each output has one owner task, so no reduction depends on thread timing. P and dS are
  * recomputed in both passes (7 tile products per pair instead of 5: the price of no atomics
@@ -13,70 +13,101 @@
 #include <omp.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu.h"
-#include "kernels/softmax_state.h"
 #include "base/error.h"
+#include "base/host_stream.h"
+#include "kernels/cpu/backward.h"
+#include "kernels/softmax_state.h"
 
-/* Query-side inputs of one (query tile, head): Q, dO, LSE and D_i = dot(dO_i, O_i). */
-typedef struct q_side {
-    const float *q, *dout;
-    int64_t ldq, lddo;
-    const float *lse, *drow; /* [nq] each */
-} q_side;
-
-static q_side load_q_side(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
+ra_q_side ra__load_q_side(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
                           int h, int64_t qrow, int nq)
 {
-    q_side qd;
+    ra_q_side qd;
+    const int64_t at = h * p->queries->rows + qrow;
     qd.q = ra__tile_load(io->q, p->dtype, qrow, nq, h, p->head_dim, w->q, &qd.ldq);
+    qd.logits_q = ra__qtile(p, qd.q, qd.ldq, nq, io->scale_q_first, w->q_scaled);
     qd.dout = ra__tile_load(io->dout, p->dtype, qrow, nq, h, p->head_dim_v, w->dout, &qd.lddo);
-    qd.lse = io->lse + h * io->qsh->rows + qrow;
-    qd.drow = p->ws->drow + h * io->qsh->rows + qrow;
+    qd.lse = io->lse + at;
+    qd.drow = w->drow + at;
+    qd.pshift = w->pshift + at;
+    qd.pscale = w->pscale + at;
     return qd;
 }
 
-/* SPEC 7 D_i = dot(dO_i, O_i) of rows [qrow, qrow + nq) of head h, into the call's D array
-   (once per call: every tile pair of the two passes reads it). */
-static void row_dots(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w, int h,
-                     int64_t qrow, int nq)
+/*
+ * The prologue of rows [qrow, qrow + nq) of head h: SPEC 7 D_i = dot(dO_i, O_i) (every tile pair
+ * of both passes reads it), and SPEC 9's P = exp(s - shift) * scale: shift = LSE and scale = 1,
+ * or, where LSE is lossy and the row's stats were recomputed, shift = m and scale = 1 / l.
+ */
+static void prologue_rows(const ra_kernel_params *p, const ra_bwd_prologue_io *io,
+                          ra_thread_ws *w, int h, int64_t qrow, int nq)
 {
     const int Dv = p->head_dim_v;
+    const int64_t at = h * p->queries->rows + qrow;
     int64_t ldo, lddo;
     const float *o = ra__tile_load(io->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
     const float *g = ra__tile_load(io->dout, p->dtype, qrow, nq, h, Dv, w->dout, &lddo);
-    float *out = p->ws->drow + h * io->qsh->rows + qrow;
     for (int i = 0; i < nq; ++i) {
         float d = 0.0f;
         for (int c = 0; c < Dv; ++c) d += g[i * lddo + c] * o[i * ldo + c];
-        out[i] = d;
+        w->drow[at + i] = d;
+        const float lse = io->lse[at + i];
+        const int recompute = io->row_m && ra__lse_lossy(lse) && io->row_l[at + i] > 0.0f;
+        w->pshift[at + i] = recompute ? io->row_m[at + i] : lse;
+        w->pscale[at + i] = recompute ? 1.0f / io->row_l[at + i] : 1.0f;
     }
 }
 
-/*
- * SPEC 7 for one tile pair whose logits are in w->s (tanh in w->tanh_s with softcap): w->s
- * becomes P (0 for masked logits and for rows whose LSE marks them empty), w->dp becomes
- * dZ = P * (dP - D_i) times the softcap derivative 1 - tanh^2. dbias, when not NULL, gets the
- * column sums of dS = P * (dP - D_i) added (the bias enters s directly).
- */
-static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, int nk,
-                       const q_side *qd, const float *v, int64_t ldv, float *dbias)
+ringattn_status_t ra__cpu_backward_prologue(struct ra_workspace *ws, const ra_kernel_params *p,
+                                            const ra_bwd_prologue_io *io)
+{
+    const int nt = ra__cpu_threads(p, ws), H = p->num_heads;
+    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
+    const int64_t tasks = qt.tiles * H;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t task = 0; task < tasks; ++task) {
+        ra_span span;
+        int64_t row;
+        ra__tiling_tile(&qt, p->queries, task / H, &span, &row);
+        prologue_rows(p, io, &ws->per_thread[omp_get_thread_num()], (int)(task % H), row,
+                      (int)span.count);
+    }
+    return RINGATTN_SUCCESS;
+}
+
+/* One row of P and dS (before the softcap derivative): p = exp(s - shift) * scale, in place. */
+static void row_probs(float *restrict ps, float *restrict dz, int nk, float shift, float scale,
+                      float di)
+{
+    if (scale == 1.0f) { /* every row whose LSE is exact enough (SPEC 9) */
+#pragma omp simd
+        for (int j = 0; j < nk; ++j) {
+            const float pij = ra__exp(ps[j] - shift);
+            ps[j] = pij;
+            dz[j] = pij * (dz[j] - di);
+        }
+        return;
+    }
+#pragma omp simd
+    for (int j = 0; j < nk; ++j) {
+        const float pij = ra__exp(ps[j] - shift) * scale;
+        ps[j] = pij;
+        dz[j] = pij * (dz[j] - di);
+    }
+}
+
+void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
+                    const ra_q_side *qd, const float *v, int64_t ldv, float *dbias)
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
                 (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
     for (int i = 0; i < nq; ++i) {
         float *ps = w->s + (size_t)i * nk, *dz = w->dp + (size_t)i * nk;
-        const float lse = qd->lse[i], di = qd->drow[i];
-        if (ra__lse_is_empty(lse)) { /* a row with no allowed key contributes nothing */
+        if (ra__lse_is_empty(qd->lse[i])) { /* a row with no allowed key contributes nothing */
             memset(ps, 0, (size_t)nk * sizeof *ps);
             memset(dz, 0, (size_t)nk * sizeof *dz);
             continue;
         }
-#pragma omp simd
-        for (int j = 0; j < nk; ++j) {
-            const float pij = ra__exp(ps[j] - lse);
-            ps[j] = pij;
-            dz[j] = pij * (dz[j] - di);
-        }
+        row_probs(ps, dz, nk, qd->pshift[i], qd->pscale[i], qd->drow[i]);
         if (dbias)
 #pragma omp simd
             for (int j = 0; j < nk; ++j) dbias[j] += dz[j];
@@ -87,269 +118,31 @@ static void tile_grads(const struct ringattn_plan *p, ra_thread_ws *w, int nq, i
     }
 }
 
-/* The softcap's tanh values, kept for its derivative. */
-static float *tanh_buf(const struct ringattn_plan *p, ra_thread_ws *w)
-{
-    return p->softcap > 0.0f ? w->tanh_s : NULL;
-}
-
-/*
- * dK, dV (and dBias) of the query tile qs of head h, (query side qd), on the keys of tile ks
- * through the tile walk's current pair: added into w->dk, w->dv (and dbias when not NULL).
- */
-static void keys_pair(const struct ringattn_plan *p, ra_thread_ws *w, const ra_span *qs,
-                      const ra_span *ks, ra_block_kind kind, const q_side *qd, int h,
-                      const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const ra_tile_dyn *dyn, float *dbias)
-{
-    const int nq = (int)qs->count, nk = (int)ks->count;
-    ra__tile_logits(p, h, qs, ks, p->delta[qs->seq], kind, w->row_begin, w->row_end, qd->q,
-                    qd->ldq, k, ldk, w->s, tanh_buf(p, w), dyn);
-    tile_grads(p, w, nq, nk, qd, v, ldv, dbias);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, p->head_dim_v, nq, 1.0f, w->s, nk,
-                qd->dout, (int)qd->lddo, 1.0f, w->dv, p->head_dim_v);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, p->head_dim, nq, p->scale, w->dp, nk,
-                qd->q, (int)qd->ldq, 1.0f, w->dk, p->head_dim);
-}
-
-/*
- * dK, dV and dBias of a batch of keys (K, V rows in kb, vb) for the query tile qs of head h:
- * dk = beta * dk + dS^T Q, dv likewise, and dBias column sums added to db (when not NULL).
- */
-static void keys_slice(const struct ringattn_plan *p, ra_thread_ws *w, const ra_span *qs,
-                       const q_side *qd, int h, const ra_key_batch *b, const float *kb,
-                       const float *vb, float *dk, float *dv, float *db, float beta,
-                       const ra_tile_dyn *dyn)
-{
-    const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
-    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, kb, w->s, tanh_buf(p, w), dyn);
-    tile_grads(p, w, nq, b->n, qd, vb, Dv, db);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, Dv, nq, 1.0f, w->s, b->n, qd->dout,
-                (int)qd->lddo, beta, dv, Dv);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b->n, D, nq, p->scale, w->dp, b->n,
-                qd->q, (int)qd->ldq, beta, dk, D);
-}
-
-/* Adds row `from` of the key sums (sk, sv, sb) to row `to` of (dk, dv, db); sb, db: NULL or
-   both given. */
-static void add_key_sums(const struct ringattn_plan *p, float *restrict dk, float *restrict dv,
-                         float *restrict db, int64_t to, const float *restrict sk,
-                         const float *restrict sv, const float *restrict sb, int64_t from)
-{
-    const int D = p->head_dim, Dv = p->head_dim_v;
-    for (int c = 0; c < D; ++c) dk[to * D + c] += sk[from * D + c];
-    for (int c = 0; c < Dv; ++c) dv[to * Dv + c] += sv[from * Dv + c];
-    if (db) db[to] += sb[from];
-}
-
-/*
- * keys_slice for the first n keys of the sorted tile `all` that query tile qs may see, for a
- * query tile that sees only slots [lo, hi) of the key tile (near the causal diagonal or a
- * window's edge): those keys are gathered in batches of up to bk and their sums added back at
- * their sorted index. (Computing the whole prefix would spend a sixth of the keys pass, at
- * T = 16K with keep_k = T/8, on keys the query tile cannot see.)
- */
-static void keys_part(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                      const ra_span *qs, const q_side *qd, int g, int h, const ra_key_batch *all,
-                      int n, int64_t lo, int64_t hi, const ra_tile_dyn *dyn, int with_dbias,
-                      int bk)
-{
-    ra_key_batch b = {0, w->part_row, w->part_pos, w->part_bias, w->part_slot};
-    for (int j = 0; j < n; ++j) {
-        if (all->slot[j] >= lo && all->slot[j] < hi) {
-            b.row[b.n] = all->row[j];
-            b.pos[b.n] = all->pos[j];
-            b.bias[b.n] = all->bias[j];
-            b.slot[b.n++] = j; /* the sorted index its sums go back to */
-        }
-        if (b.n < bk && (j + 1 < n || b.n == 0)) continue;
-        ra__batch_gather(p, io->k, io->v, g, &b, w->k, w->v);
-        if (with_dbias) memset(w->dbt, 0, (size_t)b.n * sizeof *w->dbt);
-        keys_slice(p, w, qs, qd, h, &b, w->k, w->v, w->dkt, w->dvt, with_dbias ? w->dbt : NULL,
-                   0.0f, dyn);
-        for (int c = 0; c < b.n; ++c)
-            add_key_sums(p, w->dkb, w->dvb, with_dbias ? w->dbb : NULL, b.slot[c], w->dkt, w->dvt,
-                         w->dbt, c);
-        b.n = 0;
-    }
-}
-
-/*
- * The keys pass's walk over the query tiles that see key tile ks (local rows from krow), for
- * query head h: each next one has some row that keeps some key (SPEC 3 and SPEC 6 skipping);
- * its dynamic-mask view is in dyn / use.
- */
-typedef struct query_tiles {
-    ra_tile_walk walk;
-    ra_span qs;
-    int64_t qrow;
-    ra_block_kind kind;
-    ra_tile_dyn dyn;
-    const ra_tile_dyn *use;
-} query_tiles;
-
-static void query_tiles_begin(query_tiles *t, const struct ringattn_plan *p, const ra_bwd_io *io,
-                              ra_thread_ws *w, const ra_span *ks, int bq)
-{
-    ra__walk_begin(&t->walk, p, ks, 0, io->qsh, bq, w->row_begin, w->row_end);
-}
-
-static int query_tiles_next(query_tiles *t, const struct ringattn_plan *p, const ra_bwd_io *io,
-                            int h, const ra_span *ks, int64_t krow)
-{
-    while (ra__walk_next(&t->walk, &t->qs, &t->qrow, &t->kind))
-        if (ra__tile_dyn(p, &io->dyn, h, t->qrow, (int)t->qs.count, io->qsh->rows, krow,
-                         (int)ks->count, &t->dyn, &t->use))
-            return 1;
-    return 0;
-}
-
-/* The key tile ks (local rows from krow) in order of bias, descending: w->order, the batch
-   arrays, and K, V of kv head g in w->kb, w->vb. */
-static ra_key_batch keys_by_bias(const struct ringattn_plan *p, const ra_bwd_io *io,
-                                 ra_thread_ws *w, const ra_span *ks, int64_t krow, int g,
-                                 const float *bias)
-{
-    ra_key_batch all = ra__batch_of(w);
-    ra__topk_order(bias, (int32_t)ks->count, w->order);
-    for (int i = 0; i < (int)ks->count; ++i)
-        ra__batch_add_key(&all, ks, krow, bias, w->order[i].pos);
-    ra__batch_gather(p, io->k, io->v, g, &all, w->kb, w->vb);
-    return all;
-}
-
-/* How many of the n biases (descending) reach t. */
-static int count_reaching(const float *desc, int n, float t)
-{
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (desc[mid] >= t) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-/*
- * Keys pass with a top-k selection (SPEC 6), for kv head g and the query heads [h0, h1) of its
- * group that share bias head hb: the key tile is sorted by bias once, so the keys that some row
- * of a query tile may keep (bias >= its lowest threshold) are a prefix of it, computed in
- * slices of block_k without gathering per query tile. The sums, kept in sorted order, are
- * added to the tile's dK, dV (w->dk, w->dv) and dBias row at the end.
- */
-static void keys_topk(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                      const ra_span *ks, int64_t krow, int g, int h0, int h1, int hb,
-                      float *dbias, int bq, int bk)
-{
-    const int D = p->head_dim, Dv = p->head_dim_v, nk = (int)ks->count;
-    const float *bias = io->dyn.bias + hb * io->dyn.ld + krow;
-    const ra_key_batch all = keys_by_bias(p, io, w, ks, krow, g, bias);
-    memset(w->dkb, 0, (size_t)nk * D * sizeof *w->dkb);
-    memset(w->dvb, 0, (size_t)nk * Dv * sizeof *w->dvb);
-    memset(w->dbb, 0, (size_t)nk * sizeof *w->dbb);
-    int used = 0;
-    for (int h = h0; h < h1; ++h) {
-        query_tiles t;
-        query_tiles_begin(&t, p, io, w, ks, bq);
-        while (query_tiles_next(&t, p, io, h, ks, krow)) {
-            const ra_span *qs = &t.qs;
-            const int nq = (int)qs->count;
-            const int n = count_reaching(all.bias, nk, t.use->tmin);
-            if (n == 0) continue;
-            const q_side qd = load_q_side(p, io, w, h, t.qrow, nq);
-            int64_t lo, hi; /* the slots of the key tile that some row of qs may see */
-            ra__key_hull(p->window, p->delta[qs->seq], qs, ks, &lo, &hi);
-            if (lo > 0 || hi < nk) {
-                keys_part(p, io, w, qs, &qd, g, h, &all, n, lo, hi, t.use, dbias != NULL, bk);
-            } else {
-                for (int at = 0; at < n; at += bk) {
-                    const ra_key_batch slice = {n - at < bk ? n - at : bk, all.row + at,
-                                                all.pos + at, all.bias + at, all.slot + at};
-                    keys_slice(p, w, qs, &qd, h, &slice, w->kb + at * D, w->vb + at * Dv,
-                               w->dkb + at * D, w->dvb + at * Dv, dbias ? w->dbb + at : NULL,
-                               1.0f, t.use);
-                }
-            }
-            used = n > used ? n : used;
-        }
-    }
-    for (int j = 0; j < used; ++j) /* back to tile order */
-        add_key_sums(p, w->dk, w->dv, dbias, all.slot[j], w->dkb, w->dvb, w->dbb, j);
-}
-
-/*
- * dK, dV of the key tile ks (local rows from krow) for kv heads [g0, g1): over each GQA group's
- * heads and every query tile of the local queries that can see it; and the tile's dBias rows of
- * those heads (a task covers every kv head sharing a bias head, so it owns its dBias rows).
- */
-static void keys_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                      const ra_span *ks, int64_t krow, int g0, int g1, int bq, int bk)
-{
-    const int D = p->head_dim, Dv = p->head_dim_v, G = p->num_heads / p->num_kv_heads;
-    const int nk = (int)ks->count, Hb = p->bias_heads;
-    const int per_bias = Hb ? p->num_heads / Hb : 1;
-    float *const dbias = io->dyn.dbias ? w->dbias : NULL; /* [H_b, nk] */
-    if (dbias) memset(dbias, 0, (size_t)Hb * nk * sizeof *dbias);
-    const int select = io->dyn.thr_b != NULL; /* keys taken in order of bias instead */
-    int64_t ldk = 0, ldv = 0;
-    for (int g = g0; g < g1; ++g) {
-        memset(w->dk, 0, (size_t)nk * D * sizeof *w->dk);
-        memset(w->dv, 0, (size_t)nk * Dv * sizeof *w->dv);
-        if (select) {
-            for (int h0 = g * G, h1; h0 < (g + 1) * G; h0 = h1) { /* heads sharing a bias head */
-                const int hb = h0 / per_bias;
-                h1 = (hb + 1) * per_bias < (g + 1) * G ? (hb + 1) * per_bias : (g + 1) * G;
-                keys_topk(p, io, w, ks, krow, g, h0, h1, hb, dbias ? dbias + (size_t)hb * nk : NULL,
-                          bq, bk);
-            }
-        } else {
-            const float *k = ra__tile_load(io->k, p->dtype, krow, nk, g, D, w->k, &ldk);
-            const float *v = ra__tile_load(io->v, p->dtype, krow, nk, g, Dv, w->v, &ldv);
-            for (int h = g * G; h < (g + 1) * G; ++h) {
-                query_tiles t;
-                query_tiles_begin(&t, p, io, w, ks, bq);
-                while (query_tiles_next(&t, p, io, h, ks, krow)) {
-                    const q_side qd = load_q_side(p, io, w, h, t.qrow, (int)t.qs.count);
-                    keys_pair(p, w, &t.qs, ks, t.kind, &qd, h, k, ldk, v, ldv, t.use,
-                              dbias ? dbias + (size_t)(h / per_bias) * nk : NULL);
-                }
-            }
-        }
-        ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, w->dk, D);
-        ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, w->dv, Dv);
-    }
-    if (!dbias) return;
-    const ra_view out = {(char *)io->dyn.dbias, 1, io->dyn.ld, sizeof(float)}; /* [H_b, ld] */
-    for (int hb = g0 * G / per_bias; hb <= (g1 * G - 1) / per_bias; ++hb)
-        ra__tile_store(&out, RINGATTN_FLOAT32, io->accumulate, krow, 1, hb, nk,
-                       dbias + (size_t)hb * nk, nk);
-}
-
 /* dQ += scale * dZ K over a gathered batch of keys (SPEC 6 selection). */
-static void queries_batch(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, int h, const q_side *qd, const ra_key_batch *b,
+static void queries_batch(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
+                          const ra_span *qs, int h, const ra_q_side *qd, const ra_key_batch *b,
                           const ra_tile_dyn *dyn)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, h, qs, b, qd->q, qd->ldq, w->kb, w->s, tanh_buf(p, w), dyn);
-    tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL);
+    ra__batch_logits(p, h, qs, b, &qd->logits_q, w->kb, w->s, ra__tanh_buf(p, w), dyn);
+    ra__tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
                 w->dp, b->n, w->kb, D, 1.0f, w->acc, D);
 }
 
 /* dQ of the query tile qs (local rows from qrow) of head h over every key segment it sees. */
-static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_thread_ws *w,
-                         const ra_span *qs, int64_t qrow, int h, int bk)
+static void queries_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
+                         const ra_span *qs, int64_t qrow, int h)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     const int nq = (int)qs->count;
     int64_t ldk, ldv;
-    const q_side qd = load_q_side(p, io, w, h, qrow, nq);
+    const ra_q_side qd = ra__load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
 
     ra_key_pieces kp;
-    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->qsh, io->ksh, h, bk);
+    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->keys, h, p->block_k);
     for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
             queries_batch(p, io, w, qs, h, &qd, &kp.batch, &kp.sel);
@@ -359,21 +152,20 @@ static void queries_task(const struct ringattn_plan *p, const ra_bwd_io *io, ra_
         const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
         ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
-                        qd.q, qd.ldq, k, ldk, w->s, tanh_buf(p, w), kp.use);
-        tile_grads(p, w, nq, nk, &qd, v, ldv, NULL);
+                        &qd.logits_q, k, ldk, w->s, ra__tanh_buf(p, w), kp.use);
+        ra__tile_grads(p, w, nq, nk, &qd, v, ldv, NULL);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
                     (int)ldk, 1.0f, w->acc, D);
     }
     ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
 }
 
-ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io)
+ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kernel_params *p,
+                                          const ra_bwd_io *io)
 {
-    const int nt = ra__cpu_threads(p);
-    RA_TRY(ra__cpu_workspace(p, nt));
-    const struct ra_workspace *ws = p->ws;
-    const ra_tiling qt = ra__tiling_make(io->qsh, ws->block_q, ws->q_first);
-    const ra_tiling kt = ra__tiling_make(io->ksh, ws->keys_block, ws->k_first);
+    const int nt = ra__cpu_threads(p, ws);
+    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
+    const ra_tiling kt = ra__tiling_make(io->keys, p->keys_block, ws->k_first);
     const int H = p->num_heads, Hk = p->num_kv_heads;
     /* kv heads per keys task: all of them when they share one bias head (H_b = 1 < H_kv) */
     const int gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1, blocks = Hk / gb;
@@ -385,26 +177,20 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
         ra_thread_ws *w = &ws->per_thread[omp_get_thread_num()];
         ra_span span;
         int64_t row;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < query_tasks; ++task) {
-            ra__tiling_tile(&qt, io->qsh, task / H, &span, &row);
-            row_dots(p, io, w, (int)(task % H), row, (int)span.count);
-        }
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t task = 0; task < key_tasks; ++task) {
-            ra__tiling_tile(&kt, io->ksh, task / blocks, &span, &row);
+            ra__tiling_tile(&kt, io->keys, task / blocks, &span, &row);
             const int g0 = (int)(task % blocks) * gb;
-            keys_task(p, io, w, &span, row, g0, g0 + gb, ws->block_q, ws->block_k);
-            if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
+            ra__keys_task(p, io, w, &span, row, g0, g0 + gb);
+            if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < query_tasks; ++task) {
-            ra__tiling_tile(&qt, io->qsh, task / H, &span, &row);
-            queries_task(p, io, w, &span, row, (int)(task % H), ws->block_k);
-            if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
+            ra__tiling_tile(&qt, p->queries, task / H, &span, &row);
+            queries_task(p, io, w, &span, row, (int)(task % H));
+            if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
         }
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
 }
-

@@ -7,13 +7,12 @@
 
 #include <stdint.h>
 
+#include "base/view.h"
+#include "kernels/backend.h"
+#include "kernels/params.h"
 #include "masks/mask.h"
 #include "masks/topk.h"
-#include "ring/plan/plan.h"
-#include "base/view.h"
 
-#define RA_CPU_DEFAULT_BLOCK_Q 256
-#define RA_CPU_DEFAULT_BLOCK_K 256
 /* Keys-pass tile, in block_k, under a top-k selection: at T = 16K, keep_k = T/8 the sparse
    fwd+bwd measured 0.340 of the dense time with 4 and 0.316 with 8. */
 #define RA_CPU_SELECT_KEYS_TILES 8
@@ -21,6 +20,7 @@
 /* One thread's tile buffers (float32), carved from one slab. */
 typedef struct ra_thread_ws {
     float *q, *k, *v, *dout, *o; /* converted input tiles (unused for float32 storage) */
+    float *q_scaled;             /* [block_q, D] scale * Q when it goes first (SPEC 9) */
     float *s, *dp, *tanh_s;      /* [block_q, block_k] logits/probabilities, dP/dZ, tanh */
     float *acc;                  /* [block_q, max(D, D_v)]: forward acc, dQ */
     float *dk, *dv;              /* [keys_block, D], [keys_block, D_v]: keys-pass tile sums */
@@ -40,6 +40,8 @@ typedef struct ra_thread_ws {
     float *part_bias, *dkt, *dvt, *dbt; /* its bias; its dK [block_k, D], dV, dBias */
     float *m, *l;                /* [block_q] per-row softmax state */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
+    /* the backward prologue's results, [H, query rows], shared by every thread */
+    float *drow, *pshift, *pscale;
 } ra_thread_ws;
 
 /* The tiles of a shard: every segment cut into tiles of `block` rows. */
@@ -50,18 +52,21 @@ typedef struct ra_tiling {
 } ra_tiling;
 
 struct ra_workspace {
-    int threads, block_q, block_k;
-    int keys_block;             /* rows of a keys-pass key tile (backward) */
+    int threads;                /* per_thread entries: the most threads a call may use */
     int64_t *q_first, *k_first; /* tiling buffers, [max segments + 1] each */
     ra_thread_ws *per_thread;   /* [threads] */
-    float *drow;                /* backward: SPEC 7 D_i of every local query row, [H, rows] */
+    /* the backward prologue (SPEC 7, 9): D_i of every local query row and the shift and scale
+       of its probabilities, [H, rows] each */
+    float *drow, *pshift, *pscale;
     void *slab;
 };
 
-/* Makes (first call) or reuses the plan's workspace for this call's thread count. */
-ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads);
-void ra__cpu_workspace_free(struct ra_workspace *ws);
-int ra__cpu_threads(const struct ringattn_plan *p);
+/* Made at plan creation for the tiles and threads prm holds; freed with the plan. */
+ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
+                                           size_t *bytes);
+void ra__cpu_workspace_destroy(struct ra_workspace *ws);
+/* Threads of this call: the plan's num_threads or OpenMP's default, at most the workspace's. */
+int ra__cpu_threads(const ra_kernel_params *p, const struct ra_workspace *ws);
 
 /* Tiles shard sh by block rows (first: a buffer of sh->num_segs + 1 entries). */
 ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first);
@@ -69,8 +74,23 @@ ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first);
 int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
                     int64_t *row);
 
-ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_io *io);
-ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_io *io);
+/* Memory and element work (memory.c): host memory, in the calling thread's order. */
+ringattn_status_t ra__cpu_alloc(size_t bytes, void **ptr);
+void ra__cpu_free(void *ptr);
+ringattn_status_t ra__cpu_zero(void *dst, size_t bytes, void *stream);
+ringattn_status_t ra__cpu_copy(const ra_copy *c, void *stream);
+ringattn_status_t ra__cpu_add_f32(float *dst, const float *src, size_t n, void *stream);
+ringattn_status_t ra__cpu_move(void *dst, const void *src, size_t bytes, void *stream);
+ringattn_status_t ra__cpu_scan(struct ra_workspace *ws, const ra_kernel_params *p,
+                               const ra_scan_io *io, ra_scan *out);
+ringattn_status_t ra__cpu_merge(const ra_merge_io *io, void *stream);
+
+ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kernel_params *p,
+                                         const ra_fwd_io *io);
+ringattn_status_t ra__cpu_backward_prologue(struct ra_workspace *ws, const ra_kernel_params *p,
+                                            const ra_bwd_prologue_io *io);
+ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kernel_params *p,
+                                          const ra_bwd_io *io);
 
 /*
  * A walk over the tiles of shard `other` (blocks of `block` rows of each of its segments of the
@@ -79,7 +99,7 @@ ringattn_status_t ra__cpu_attend_backward(struct ringattn_plan *p, const ra_bwd_
  * allowed interval of every query row is left in row_begin/row_end (masks/mask.h).
  */
 typedef struct ra_tile_walk {
-    const struct ringattn_plan *p;
+    const ra_kernel_params *p;
     const ra_span *mine;
     int mine_is_query;
     const ra_shard *other;
@@ -89,7 +109,7 @@ typedef struct ra_tile_walk {
     int32_t *row_begin, *row_end;
 } ra_tile_walk;
 
-void ra__walk_begin(ra_tile_walk *w, const struct ringattn_plan *p, const ra_span *mine,
+void ra__walk_begin(ra_tile_walk *w, const ra_kernel_params *p, const ra_span *mine,
                     int mine_is_query, const ra_shard *other, int block, int32_t *row_begin,
                     int32_t *row_end);
 /* The next tile that meets: its positions, first local row and kind; 0 when none is left. */
@@ -107,6 +127,22 @@ const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, 
  */
 void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
                     int h, int dim, const float *src, int64_t ld);
+
+/*
+ * A query tile as the left operand of the logits: alpha * data K^T, where alpha is the scale,
+ * or 1 when data already holds scale * Q. SPEC 9: scaling after the sum overflows where
+ * |q| |k| D exceeds the float32 range although the scaled logit does not, so a call whose
+ * inputs could do that takes the scale first (io scale_q_first); others keep one rounding less.
+ */
+typedef struct ra_qtile {
+    const float *data;
+    int64_t ld;
+    float alpha;
+} ra_qtile;
+
+/* nq rows of Q (row stride ldq) as a logits operand: as they are, or scale * Q in buf. */
+ra_qtile ra__qtile(const ra_kernel_params *p, const float *q, int64_t ldq, int nq,
+                   int scale_first, float *buf);
 
 /* SPEC 6 for one tile: the keys' bias, and the query rows' thresholds (NULL: no selection). */
 typedef struct ra_tile_dyn {
@@ -154,27 +190,27 @@ static inline void ra__batch_add_key(ra_key_batch *b, const ra_span *ks, int64_t
 int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, const float *bias,
                    float tmin, int *j);
 /* Gathers the batch's K and V rows of kv head g into kb [n, D] and vb [n, D_v] (float32). */
-void ra__batch_gather(const struct ringattn_plan *p, const ra_view *k, const ra_view *v, int g,
+void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view *v, int g,
                       const ra_key_batch *b, float *kb, float *vb);
 /*
  * ra__tile_logits for a batch of keys whose K rows are gathered in kb: the logits of query head
  * h into s [nq, b->n], with the window, ALiBi and top-k checked per element from the keys'
  * positions.
  */
-void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
-                      const ra_key_batch *b, const float *q, int64_t ldq, const float *kb,
-                      float *s, float *tanh_s, const ra_tile_dyn *dyn);
+void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
+                      const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
+                      float *tanh_s, const ra_tile_dyn *dyn);
 
 /*
- * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T, softcap (tanh
- * values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and -inf outside
- * each row's allowed interval when kind is PARTIAL; with dyn, + the keys' bias (SPEC 6; a
- * selection goes through ra__batch_logits instead).
+ * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T (see ra_qtile),
+ * softcap (tanh values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and
+ * -inf outside each row's allowed interval when kind is PARTIAL; with dyn, + the keys' bias
+ * (SPEC 6; a selection goes through ra__batch_logits instead).
  */
-void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
+void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
-                     const int32_t *row_end, const float *q, int64_t ldq, const float *k,
-                     int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
+                     const int32_t *row_end, const ra_qtile *q, const float *k, int64_t ldk,
+                     float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
 
 /*
  * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL
@@ -183,7 +219,7 @@ void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, co
  * tmin and whole (rows with fewer valid keys than keep_k, say, keep a tile whole, which then
  * takes the plain path with the bias only).
  */
-int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
+int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
                  int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
                  const struct ra_tile_dyn **use);
 
@@ -198,7 +234,7 @@ int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int6
 typedef enum ra_piece { RA_PIECE_END = 0, RA_PIECE_TILE = 1, RA_PIECE_BATCH = 2 } ra_piece;
 
 typedef struct ra_key_pieces {
-    const struct ringattn_plan *p;
+    const ra_kernel_params *p;
     const ra_dyn_io *io;
     const ra_span *qs;
     int64_t qrow, qrows;
@@ -215,9 +251,9 @@ typedef struct ra_key_pieces {
     int filling, j, batch_out;
 } ra_key_pieces;
 
-void ra__pieces_begin(ra_key_pieces *k, const struct ringattn_plan *p, const ra_dyn_io *io,
-                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *qsh,
-                      const ra_shard *ksh, int h, int bk);
+void ra__pieces_begin(ra_key_pieces *k, const ra_kernel_params *p, const ra_dyn_io *io,
+                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *ksh,
+                      int h, int bk);
 ra_piece ra__pieces_next(ra_key_pieces *k);
 
 /* exp(x) for x <= 88, exactly 0 below -87.3 (so -inf gives 0); about 1 ulp; vectorises. */

@@ -8,9 +8,10 @@
 #include <math.h>
 #include <omp.h>
 
+#include "base/error.h"
+#include "base/host_stream.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/softmax_state.h"
-#include "base/error.h"
 
 /*
  * SPEC 4 on the rows of one tile: s becomes p = exp(s - m_new) in place. A row that has seen no
@@ -40,12 +41,13 @@ static void softmax_tile(float *s, int nq, int nk, float *m, float *l, float *ac
     }
 }
 
-/* Running state of rows [row, row + nq) of head h: from the io's arrays, or fresh (SPEC 4). */
-static void state_begin(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
-                        int h, int64_t row, int nq)
+/* Running state of rows [row, row + nq) of head h: from the io's arrays, or fresh (SPEC 4).
+   With stats_only there is no acc: only (m, l) are kept. */
+static void state_begin(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
+                        int64_t row, int nq)
 {
-    const int Dv = p->head_dim_v, H = p->num_heads;
-    const int64_t rows = io->qsh->rows;
+    const int Dv = io->stats_only ? 0 : p->head_dim_v, H = p->num_heads;
+    const int64_t rows = p->queries->rows;
     for (int i = 0; i < nq; ++i) {
         float *acc = w->acc + (size_t)i * Dv;
         if (io->first) {
@@ -60,14 +62,15 @@ static void state_begin(const struct ringattn_plan *p, const ra_fwd_io *io, ra_t
 }
 
 /* Finalise into O and LSE (last step), or keep the state for the next step. */
-static void state_end(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
+static void state_end(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
                       int64_t row, int nq)
 {
-    const int Dv = p->head_dim_v, H = p->num_heads;
-    const int64_t rows = io->qsh->rows;
+    const int Dv = io->stats_only ? 0 : p->head_dim_v, H = p->num_heads;
+    const int64_t rows = p->queries->rows;
+    const int finalise = io->last && !io->stats_only;
     for (int i = 0; i < nq; ++i) {
         float *acc = w->acc + (size_t)i * Dv;
-        if (io->last) {
+        if (finalise) {
             ra__state_finalize(w->m[i], w->l[i], acc, Dv, acc, &io->lse[h * rows + row + i]);
             continue;
         }
@@ -76,56 +79,68 @@ static void state_end(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thr
         float *dst = io->acc + ((row + i) * H + h) * (int64_t)Dv;
         for (int c = 0; c < Dv; ++c) dst[c] = acc[c];
     }
-    if (io->last) ra__tile_store(io->o, p->dtype, 0, row, nq, h, Dv, w->acc, Dv);
+    if (finalise) ra__tile_store(io->o, p->dtype, 0, row, nq, h, Dv, w->acc, Dv);
 }
 
 /* Logits of the query tile against a batch of gathered keys, then SPEC 4 and PV. */
-static void forward_batch(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, const float *q, int64_t ldq, int h,
-                          const ra_key_batch *b, const ra_tile_dyn *dyn)
+static void forward_batch(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w,
+                          const ra_span *qs, const ra_qtile *q, int h, const ra_key_batch *b,
+                          const ra_tile_dyn *dyn)
 {
-    const int Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    const int Dv = io->stats_only ? 0 : p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, h, qs, b, q, ldq, w->kb, w->s, NULL, dyn);
+    ra__batch_logits(p, h, qs, b, q, w->kb, w->s, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f, w->s,
-                b->n, w->vb, Dv, 1.0f, w->acc, Dv);
+    if (!io->stats_only)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, Dv, b->n, 1.0f,
+                    w->s, b->n, w->vb, Dv, 1.0f, w->acc, Dv);
 }
 
 /* The query tile qs (local rows from qrow) of head h against every key segment of its sequence. */
-static void forward_qtile(const struct ringattn_plan *p, const ra_fwd_io *io, ra_thread_ws *w,
+static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w,
                           const ra_span *qs, int64_t qrow, int h, int bk)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    const int nq = (int)qs->count;
+    const int D = p->head_dim, g = h / (p->num_heads / p->num_kv_heads);
+    const int Dv = io->stats_only ? 0 : p->head_dim_v, nq = (int)qs->count;
     int64_t ldq, ldk, ldv;
-    const float *q = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
+    const float *q_in = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
+    const ra_qtile q = ra__qtile(p, q_in, ldq, nq, io->scale_q_first, w->q_scaled);
     state_begin(p, io, w, h, qrow, nq);
     ra_key_pieces kp;
-    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->qsh, io->ksh, h, bk);
+    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->keys, h, bk);
     for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
-            forward_batch(p, io, w, qs, q, ldq, h, &kp.batch, &kp.sel);
+            forward_batch(p, io, w, qs, &q, h, &kp.batch, &kp.sel);
             continue;
         }
         const int nk = (int)kp.ks.count;
         const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
         ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
-                        q, ldq, k, ldk, w->s, NULL, kp.use);
+                        &q, k, ldk, w->s, NULL, kp.use);
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
+        if (io->stats_only) continue;
+        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dv, nk, 1.0f, w->s, nk, v,
                     (int)ldv, 1.0f, w->acc, Dv);
     }
     state_end(p, io, w, h, qrow, nq);
 }
 
-ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_io *io)
+/* SPEC 9 stats pass: does a row of the tile (rows [qrow, qrow + nq) of head h) need them? */
+static int tile_needs_stats(const ra_kernel_params *p, const ra_fwd_io *io, int h, int64_t qrow,
+                            int nq)
 {
-    const int nt = ra__cpu_threads(p);
-    RA_TRY(ra__cpu_workspace(p, nt));
-    const struct ra_workspace *ws = p->ws;
-    const ra_tiling qt = ra__tiling_make(io->qsh, ws->block_q, ws->q_first);
+    const float *lse = io->lse + h * p->queries->rows + qrow;
+    for (int i = 0; i < nq; ++i)
+        if (ra__lse_lossy(lse[i])) return 1;
+    return 0;
+}
+
+ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kernel_params *p,
+                                         const ra_fwd_io *io)
+{
+    const int nt = ra__cpu_threads(p, ws);
+    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
     const int H = p->num_heads;
     const int64_t tasks = qt.tiles * H;
     int blas_threads;
@@ -134,12 +149,12 @@ ringattn_status_t ra__cpu_attend_forward(struct ringattn_plan *p, const ra_fwd_i
     for (int64_t task = 0; task < tasks; ++task) {
         ra_span qs;
         int64_t qrow;
-        ra__tiling_tile(&qt, io->qsh, task / H, &qs, &qrow);
-        forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, (int)(task % H),
-                      ws->block_k);
-        if (io->progress.fn && omp_get_thread_num() == 0) io->progress.fn(io->progress.ctx);
+        const int h = (int)(task % H);
+        ra__tiling_tile(&qt, p->queries, task / H, &qs, &qrow);
+        if (!io->stats_only || tile_needs_stats(p, io, h, qrow, (int)qs.count))
+            forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, h, p->block_k);
+        if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;
 }
-

@@ -1,17 +1,48 @@
-/* The CPU backend's entry in the kernel table (DESIGN: two small tables). */
+/* The CPU backend's entry in the backend table (kernels/backend.h). */
+#include <omp.h>
+
 #include "kernels/cpu/cpu.h"
 
-static ringattn_status_t cpu_supports(const struct ringattn_plan *p)
+#define RA_CPU_DEFAULT_BLOCK 256 /* best of 64..512 at T = 8192, D = 128 (DESIGN: CPU kernels) */
+
+/* Every shape, dtype and mask the plan accepts runs here; decide the tiles and threads. */
+static ringattn_status_t cpu_prepare(ra_kernel_params *p)
 {
-    (void)p; /* every shape, dtype and mask the plan accepts */
     ra__cpu_blas_check();
+    if (!p->block_q) p->block_q = RA_CPU_DEFAULT_BLOCK;
+    if (!p->block_k) p->block_k = RA_CPU_DEFAULT_BLOCK;
+    /* With a top-k selection the keys pass gathers the few kept keys of a longer key tile, so
+       that its tile products stay about block_k wide (SPEC 6 sparsity). */
+    p->keys_block = p->selects ? RA_CPU_SELECT_KEYS_TILES * p->block_k : p->block_k;
     return RINGATTN_SUCCESS;
 }
 
-const struct ra_kernel_ops ra__cpu_kernel_ops = {
+static ringattn_status_t cpu_workspace_create(const ra_kernel_params *p, struct ra_workspace **ws,
+                                              size_t *bytes)
+{
+    ra_kernel_params sized = *p; /* threads: the plan's, or OpenMP's default now */
+    if (sized.num_threads <= 0) sized.num_threads = omp_get_max_threads();
+    return ra__cpu_workspace_create(&sized, ws, bytes);
+}
+
+const struct ra_backend ra__cpu_backend = {
     .name = "cpu",
-    .supports = cpu_supports,
+    .kind = RINGATTN_BACKEND_CPU,
+    .prepare = cpu_prepare,
+    .workspace_create = cpu_workspace_create,
+    .workspace_destroy = ra__cpu_workspace_destroy,
+    .alloc = ra__cpu_alloc,
+    .free = ra__cpu_free,
+    .zero = ra__cpu_zero,
+    .copy = ra__cpu_copy,
+    .add_f32 = ra__cpu_add_f32,
+    .to_host = ra__cpu_move,
+    .from_host = ra__cpu_move,
+    .scan = ra__cpu_scan,
+    .merge = ra__cpu_merge,
+    .event_record = NULL, /* one order: the calling thread's */
+    .event_wait = NULL,
     .attend_forward = ra__cpu_attend_forward,
+    .backward_prologue = ra__cpu_backward_prologue,
     .attend_backward = ra__cpu_attend_backward,
-    .workspace_free = ra__cpu_workspace_free,
 };

@@ -3,8 +3,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu.h"
 #include "base/dtype.h"
+#include "kernels/cpu/cpu.h"
 #include "masks/topk.h"
 
 const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
@@ -14,14 +14,8 @@ const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, 
         *ld = v->row;
         return (const float *)ra__view_at(v, row0, h);
     }
-    for (int i = 0; i < n; ++i) {
-        const uint16_t *src = (const uint16_t *)ra__view_at(v, row0 + i, h);
-        float *dst = buf + (size_t)i * dim;
-        if (dt == RINGATTN_FLOAT16)
-            for (int c = 0; c < dim; ++c) dst[c] = ra__f16_to_f32(src[c]);
-        else
-            for (int c = 0; c < dim; ++c) dst[c] = ra__bf16_to_f32(src[c]);
-    }
+    for (int i = 0; i < n; ++i)
+        ra__load_f32(buf + (size_t)i * dim, ra__view_at(v, row0 + i, h), dt, dim);
     *ld = dim;
     return buf;
 }
@@ -35,17 +29,20 @@ void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64
         if (accumulate) {
             float *d = dst;
             for (int c = 0; c < dim; ++c) d[c] += s[c];
-        } else if (dt == RINGATTN_FLOAT32) {
-            float *d = dst;
-            for (int c = 0; c < dim; ++c) d[c] = s[c];
-        } else if (dt == RINGATTN_FLOAT16) {
-            uint16_t *d = dst;
-            for (int c = 0; c < dim; ++c) d[c] = ra__f32_to_f16(s[c]);
         } else {
-            uint16_t *d = dst;
-            for (int c = 0; c < dim; ++c) d[c] = ra__f32_to_bf16(s[c]);
+            ra__store_f32(dst, dt, s, dim);
         }
     }
+}
+
+ra_qtile ra__qtile(const ra_kernel_params *p, const float *q, int64_t ldq, int nq,
+                   int scale_first, float *buf)
+{
+    if (!scale_first) return (ra_qtile){q, ldq, p->scale};
+    const int D = p->head_dim;
+    for (int i = 0; i < nq; ++i)
+        for (int c = 0; c < D; ++c) buf[(size_t)i * D + c] = p->scale * q[(size_t)i * ldq + c];
+    return (ra_qtile){buf, D, 1.0f};
 }
 
 /* v clamped to the int32 range. */
@@ -96,22 +93,22 @@ static void batch_load(const ra_view *v, ringattn_dtype_t dt, const ra_key_batch
     }
 }
 
-void ra__batch_gather(const struct ringattn_plan *p, const ra_view *k, const ra_view *v, int g,
+void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view *v, int g,
                       const ra_key_batch *b, float *kb, float *vb)
 {
     batch_load(k, p->dtype, b, g, p->head_dim, kb);
     batch_load(v, p->dtype, b, g, p->head_dim_v, vb);
 }
 
-void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
-                      const ra_key_batch *b, const float *q, int64_t ldq, const float *kb,
-                      float *s, float *tanh_s, const ra_tile_dyn *dyn)
+void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
+                      const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
+                      float *tanh_s, const ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, n = b->n, D = p->head_dim;
     const int64_t delta = p->delta[qs->seq];
     const ra_window w = p->window;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, p->scale, q, (int)ldq, kb, D,
-                0.0f, s, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, q->alpha, q->data, (int)q->ld,
+                kb, D, 0.0f, s, n);
     const float slope = p->alibi ? p->alibi[h] : 0.0f;
     const int32_t *restrict pos = b->pos;
     const float *restrict bias = b->bias;
@@ -138,7 +135,7 @@ void ra__batch_logits(const struct ringattn_plan *p, int h, const ra_span *qs,
     }
 }
 
-int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
+int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t qrow, int nq,
                  int64_t qrows, int64_t krow, int nk, struct ra_tile_dyn *out,
                  const struct ra_tile_dyn **use)
 {
@@ -164,14 +161,14 @@ int ra__tile_dyn(const struct ringattn_plan *p, const ra_dyn_io *io, int h, int6
     return !(bmax < tmin);
 }
 
-void ra__tile_logits(const struct ringattn_plan *p, int h, const ra_span *qs, const ra_span *ks,
+void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
-                     const int32_t *row_end, const float *q, int64_t ldq, const float *k,
-                     int64_t ldk, float *s, float *tanh_s, const struct ra_tile_dyn *dyn)
+                     const int32_t *row_end, const ra_qtile *q, const float *k, int64_t ldk,
+                     float *s, float *tanh_s, const struct ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, nk = (int)ks->count;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim, p->scale, q,
-                (int)ldq, k, (int)ldk, 0.0f, s, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim, q->alpha, q->data,
+                (int)q->ld, k, (int)ldk, 0.0f, s, nk);
     for (int i = 0; i < nq; ++i) {
         float *row = s + (size_t)i * nk;
         if (p->softcap > 0.0f)

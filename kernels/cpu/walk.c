@@ -1,7 +1,7 @@
 /* Tile walks: the tiles of one shard that a given tile meets (see cpu.h). */
 #include "kernels/cpu/cpu.h"
 
-void ra__walk_begin(ra_tile_walk *w, const struct ringattn_plan *p, const ra_span *mine,
+void ra__walk_begin(ra_tile_walk *w, const ra_kernel_params *p, const ra_span *mine,
                     int mine_is_query, const ra_shard *other, int block, int32_t *row_begin,
                     int32_t *row_end)
 {
@@ -46,12 +46,12 @@ int ra__walk_next(ra_tile_walk *w, ra_span *tile, int64_t *row, ra_block_kind *k
     }
 }
 
-void ra__pieces_begin(ra_key_pieces *k, const struct ringattn_plan *p, const ra_dyn_io *io,
-                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *qsh,
-                      const ra_shard *ksh, int h, int bk)
+void ra__pieces_begin(ra_key_pieces *k, const ra_kernel_params *p, const ra_dyn_io *io,
+                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *ksh,
+                      int h, int bk)
 {
-    *k = (ra_key_pieces){.p = p, .io = io, .qs = qs, .qrow = qrow, .qrows = qsh->rows, .h = h,
-                         .bk = bk, .batch = ra__batch_of(w)};
+    *k = (ra_key_pieces){.p = p, .io = io, .qs = qs, .qrow = qrow, .qrows = p->queries->rows,
+                         .h = h, .bk = bk, .batch = ra__batch_of(w)};
     ra__walk_begin(&k->walk, p, qs, 1, ksh, bk, w->row_begin, w->row_end);
 }
 

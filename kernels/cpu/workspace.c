@@ -1,27 +1,29 @@
 /*
- * The CPU backend's workspace: O(threads x tile) floats, the tile index of each sequence and the
- * backward's D_i of each local query row (H x rows floats, as many as the LSE), made on the
- * first call and kept by the plan (no allocation per call after that).
+ * The CPU backend's workspace, made at plan creation and kept by the plan (no allocation in a
+ * call): O(threads x tile) floats, the tile index of each sequence, and the backward
+ * prologue's three values per local query row and head (as many as the LSE each).
  */
 #include <omp.h>
 #include <stdlib.h>
 
-#include "kernels/cpu/cpu.h"
-#include "ring/plan/layout.h"
 #include "base/error.h"
+#include "kernels/cpu/cpu.h"
 
-int ra__cpu_threads(const struct ringattn_plan *p)
+int ra__cpu_threads(const ra_kernel_params *p, const struct ra_workspace *ws)
 {
-    return p->num_threads > 0 ? p->num_threads : omp_get_max_threads();
+    const int want = p->num_threads > 0 ? p->num_threads : omp_get_max_threads();
+    return want < ws->threads ? want : ws->threads;
 }
 
-void ra__cpu_workspace_free(struct ra_workspace *ws)
+void ra__cpu_workspace_destroy(struct ra_workspace *ws)
 {
     if (!ws) return;
     free(ws->q_first);
     free(ws->k_first);
     free(ws->per_thread);
     free(ws->drow);
+    free(ws->pshift);
+    free(ws->pscale);
     free(ws->slab);
     free(ws);
 }
@@ -64,14 +66,15 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
                             bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)kb * d,
                             (size_t)kb * dv, (size_t)kb * d, (size_t)kb * dv, kb, 2 * (size_t)kb,
                             kb, kb, kb, 2 * (size_t)kb, 2 * (size_t)bk, bk, bk, bk,
-                            (size_t)bk * d, (size_t)bk * dv, bk};
+                            (size_t)bk * d, (size_t)bk * dv, bk, (size_t)bq * d};
     float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
                      &w->acc, &w->dk,    &w->dv, &w->m,    &w->l,
                      (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
                      &w->vb, &w->dkb, &w->dvb, &w->dbb, (float **)&w->batch_row,
                      (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
                      (float **)&w->order, (float **)&w->part_row, (float **)&w->part_pos,
-                     (float **)&w->part_slot, &w->part_bias, &w->dkt, &w->dvt, &w->dbt};
+                     (float **)&w->part_slot, &w->part_bias, &w->dkt, &w->dvt, &w->dbt,
+                     &w->q_scaled};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0],
                    "one size per buffer");
     size_t used = 0;
@@ -82,46 +85,41 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
     return used;
 }
 
-static ringattn_status_t workspace_make(struct ringattn_plan *p, int threads,
-                                        struct ra_workspace **out)
+ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
+                                           size_t *bytes)
 {
     struct ra_workspace *ws = calloc(1, sizeof *ws);
     if (!ws) return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (workspace)");
-    ws->threads = threads;
-    ws->block_q = p->block_q ? p->block_q : RA_CPU_DEFAULT_BLOCK_Q;
-    ws->block_k = p->block_k ? p->block_k : RA_CPU_DEFAULT_BLOCK_K;
-    /* With a top-k selection the keys pass gathers the few kept keys of a longer key tile, so
-       that its tile products stay about block_k wide (SPEC 6 sparsity). */
-    ws->keys_block = p->selects ? RA_CPU_SELECT_KEYS_TILES * ws->block_k : ws->block_k;
-    const size_t per = carve(&(ra_thread_ws){0}, NULL, ws->block_q, ws->block_k, ws->keys_block,
-                             p->head_dim,
-                             p->head_dim_v, p->bias_heads);
-    const size_t max_segs = (size_t)p->num_seqs * RA_LAYOUT_MAX_SPANS + 1;
-    ws->q_first = malloc(max_segs * sizeof(int64_t));
-    ws->k_first = malloc(max_segs * sizeof(int64_t));
+    const int threads = ws->threads = p->num_threads;
+    const size_t per = carve(&(ra_thread_ws){0}, NULL, p->block_q, p->block_k, p->keys_block,
+                             p->head_dim, p->head_dim_v, p->bias_heads);
+    int max_segs = 1; /* tilings are made of the queries and of one key shard at a time */
+    for (int s = 0; s < p->num_key_shards; ++s)
+        max_segs = p->key_shards[s].num_segs > max_segs ? p->key_shards[s].num_segs : max_segs;
+    max_segs = p->queries->num_segs > max_segs ? p->queries->num_segs : max_segs;
+    const size_t rows = (size_t)p->num_heads * (size_t)p->queries->rows + 1;
+    ws->q_first = malloc(((size_t)max_segs + 1) * sizeof(int64_t));
+    ws->k_first = malloc(((size_t)max_segs + 1) * sizeof(int64_t));
     ws->per_thread = calloc((size_t)threads, sizeof *ws->per_thread);
-    ws->drow = malloc(((size_t)p->num_heads * (size_t)p->q_shard.rows + 1) * sizeof(float));
+    ws->drow = malloc(rows * sizeof(float));
+    ws->pshift = malloc(rows * sizeof(float));
+    ws->pscale = malloc(rows * sizeof(float));
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
-    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->slab) {
-        ra__cpu_workspace_free(ws);
+    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->pshift ||
+        !ws->pscale || !ws->slab) {
+        ra__cpu_workspace_destroy(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
                         "ringattn: out of memory (workspace of %zu bytes)",
                         per * threads * sizeof(float));
     }
-    for (int t = 0; t < threads; ++t)
-        carve(&ws->per_thread[t], (float *)ws->slab + per * t, ws->block_q, ws->block_k,
-              ws->keys_block,
-              p->head_dim, p->head_dim_v, p->bias_heads);
+    for (int t = 0; t < threads; ++t) {
+        ra_thread_ws *w = &ws->per_thread[t];
+        carve(w, (float *)ws->slab + per * t, p->block_q, p->block_k, p->keys_block, p->head_dim,
+              p->head_dim_v, p->bias_heads);
+        w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
+    }
+    *bytes = sizeof *ws + per * threads * sizeof(float) + 3 * rows * sizeof(float) +
+             2 * ((size_t)max_segs + 1) * sizeof(int64_t) + threads * sizeof *ws->per_thread;
     *out = ws;
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t ra__cpu_workspace(struct ringattn_plan *p, int threads)
-{
-    if (p->ws && p->ws->threads >= threads) return RINGATTN_SUCCESS;
-    struct ra_workspace *ws = NULL;
-    RA_TRY(workspace_make(p, threads, &ws));
-    ra__cpu_workspace_free(p->ws);
-    p->ws = ws;
     return RINGATTN_SUCCESS;
 }

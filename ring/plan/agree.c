@@ -1,14 +1,14 @@
 /*
  * DESIGN: creating a plan checks that every rank passed the same descriptor. Each rank hashes
  * its descriptor; one allreduce (MIN over {ok, hash, -hash}) tells every rank whether all were
- * valid and all hashes equal, so a mismatch is an error on every rank, never a hang. Each
- * forward and backward call agrees the same way on whether every rank's arguments were valid.
+ * valid and all hashes equal, so a mismatch is an error on every rank, never a hang. (Each
+ * forward and backward call agrees the same way: ring/call.c.)
  */
 #include <string.h>
 
+#include "base/error.h"
 #include "comm/comm.h"
 #include "ring/plan/agree.h"
-#include "base/error.h"
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n)
 {
@@ -19,8 +19,9 @@ static uint64_t fnv(uint64_t h, const void *data, size_t n)
 
 #define MIX(h, x) ((h) = fnv((h), &(x), sizeof(x)))
 
-/* Every field that changes the result or the schedule (not num_threads: a per-rank choice). */
-static int64_t desc_hash(const ringattn_plan_desc_t *d)
+/* Every field that changes the result or the schedule (not num_threads or device: per-rank
+   choices), and the backend the descriptor resolved to. */
+static int64_t desc_hash(const ringattn_plan_desc_t *d, ringattn_backend_t backend)
 {
     uint64_t h = 0xcbf29ce484222325ull;
     MIX(h, d->num_heads);
@@ -44,14 +45,15 @@ static int64_t desc_hash(const ringattn_plan_desc_t *d)
     MIX(h, d->keep_k);
     MIX(h, d->block_q);
     MIX(h, d->block_k);
+    MIX(h, backend);
     return (int64_t)(h >> 1); /* non-negative, so that -hash cannot overflow */
 }
 
 ringattn_status_t ra__plan_agree(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                 ringattn_status_t local)
+                                 const struct ra_backend *backend, ringattn_status_t local)
 {
     const int ok = local == RINGATTN_SUCCESS;
-    const int64_t h = ok ? desc_hash(desc) : 0;
+    const int64_t h = ok ? desc_hash(desc, backend->kind) : 0;
     int64_t vals[3] = {ok, h, -h};
     RA_TRY(comm->ops->allreduce_i64(comm, vals, 3, RA_REDUCE_MIN));
     if (!ok) return local; /* this rank's own message stands */
@@ -62,19 +64,5 @@ ringattn_status_t ra__plan_agree(ringattn_comm_t comm, const ringattn_plan_desc_
              "ringattn_plan_create: desc: differs between ranks (rank %d of %d), expected the "
              "same descriptor on every rank",
              comm->rank, comm->size);
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t ra__call_agree(const struct ringattn_plan *p, const char *fn,
-                                 ringattn_status_t local)
-{
-    if (p->ranks == 1) return local;
-    int64_t ok = local == RINGATTN_SUCCESS;
-    RA_TRY(p->comm->ops->allreduce_i64(p->comm, &ok, 1, RA_REDUCE_MIN));
-    if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
-    RA_CHECK(ok == 1, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: tensors: refused on another rank (this is rank %d of %d), expected valid "
-             "arguments on every rank (see that rank's message)",
-             fn, p->rank, p->ranks);
     return RINGATTN_SUCCESS;
 }

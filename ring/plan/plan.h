@@ -1,47 +1,58 @@
-/* The plan as built: a validated, owned copy of the descriptor plus derived values. Internal. */
+/* The plan as built: what the kernels see, the descriptor's owned copies, the schedule and the
+   buffers of the ring. Internal. */
 #ifndef RINGATTN_RING_PLAN_PLAN_H
 #define RINGATTN_RING_PLAN_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kernel_ops.h"
-#include "masks/mask.h"
+#include "base/host_stream.h"
+#include "kernels/backend.h"
+#include "kernels/params.h"
 #include "masks/shard.h"
 #include "ringattn.h"
 
-#define RA_MAX_HEAD_DIM 256
-
 struct ringattn_plan {
-    ringattn_plan_desc_t desc; /* pointers inside are cleared; use the owned copies below */
-    int num_heads, num_kv_heads, head_dim, head_dim_v;
-    ringattn_dtype_t dtype;
-    int num_seqs;
-    int32_t *cu_q, *cu_k;     /* owned, [num_seqs + 1] */
-    int64_t total_q, total_k; /* rows of Q/O and of K/V that are read */
-    ra_shard q_shard, k_shard; /* the local queries and keys as segments */
-    int64_t *delta;           /* [num_seqs] SPEC 2 delta = L_k - L_q (bottom-right alignment) */
-    ra_window window;         /* SPEC 3, causal folded in */
-    float scale, softcap;
-    float *alibi;             /* owned [num_heads] or NULL */
-    int bias_heads, keep_k;   /* SPEC 6 dynamic mask: H_b (0 = no bias), top-k (0 = none) */
-    int32_t longest_k;        /* keys of the longest sequence */
-    int selects;              /* keep_k drops keys somewhere: 0 < keep_k < longest_k */
-    int block_q, block_k, num_threads;
-    /* The ring: a single-rank plan has comm == NULL, ranks == 1, shards == NULL. */
+    ra_kernel_params kp; /* shapes, masks, tiles, tokens: all a kernel sees (kernels/params.h) */
+    /* owned copies of the descriptor's arrays, and derived values */
+    int32_t *cu_q, *cu_k; /* [num_seqs + 1] the global batch's boundaries (SPEC 1) */
+    int64_t *delta;       /* [num_seqs] kp.delta */
+    float *alibi;         /* [num_heads] or NULL: kp.alibi */
+    int keep_k;           /* SPEC 6, 0 = no selection */
+    int32_t longest_k;    /* keys of the longest sequence */
+    ringattn_layout_t layout;
+    /* Tokens. shards: the key shards (kp.key_shards), one per rank in a ring (SPEC 8), or the
+       keys of cu_seqlens_k on one rank; the local queries are shards[rank] in a ring and
+       `queries` (of cu_seqlens) on one rank. */
+    ra_shard *shards;
+    int num_shards;
+    ra_shard queries;
+    /* the backend and what it holds for the plan */
+    const struct ra_backend *be;
+    int device;
+    struct ra_workspace *ws;
+    size_t ws_bytes;
+    ra_host_stream stream; /* the CPU backend's: host transports attach to it */
+    /* The ring: a single-rank plan has comm == NULL and ranks == 1. */
     ringattn_comm_t comm;
     int rank, ranks;
-    ringattn_layout_t layout;
-    ra_shard *shards;            /* [ranks] every rank's tokens (SPEC 8) */
     int num_steps;               /* ring steps: 1 + the longest journey of any shard */
     unsigned char *step_compute; /* [ranks] does this rank compute at step t (EMPTY skipped) */
     int *last_hop;               /* [ranks] shard s travels s -> s+1 -> ... -> s+last_hop[s] */
-    struct ra_ring *ring;        /* exchange buffers and running state, made on first use */
-    struct ra_select *select;    /* SPEC 6 top-k thresholds and scratch, made on first use */
-    const struct ra_kernel_ops *kops;
-    struct ra_workspace *ws;  /* the backend's, made on first use, freed with the plan */
+    struct ra_buffers *buf;      /* the driver's buffers (ring/plan/buffers.h) */
+    struct ra_select *select;    /* SPEC 6 top-k thresholds and their scratch */
+    size_t host_bytes;           /* host memory the plan holds besides buf and ws */
 };
 
-/* Is plan a live plan made by ringattn_plan_create (not destroyed)? Safe on any pointer. */
-int ra__plan_is_live(const struct ringattn_plan *plan);
+/* This rank's own keys: its shard in a ring, every key on one rank. */
+static inline const ra_shard *ra__local_keys(const struct ringattn_plan *p)
+{
+    return &p->shards[p->ranks > 1 ? p->rank : 0];
+}
+
+/* A live plan made by ringattn_plan_create, else an error naming fn: NULL is
+   RINGATTN_ERR_INVALID_ARGUMENT, anything else (destroyed, never made) INVALID_USAGE. Safe on
+   any pointer. */
+ringattn_status_t ra__plan_check(const char *fn, const struct ringattn_plan *plan);
 
 #endif

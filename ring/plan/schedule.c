@@ -4,25 +4,17 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "ring/plan/buffers.h"
 #include "ring/plan/schedule.h"
-#include "base/view.h"
-
-/* K and V in `elem`-byte elements, padded to 4 bytes, then the float32 bias (ring.c's layout). */
-static size_t shard_bytes(const struct ringattn_plan *p, int r, size_t elem)
-{
-    const size_t rows = (size_t)(p->shards ? p->shards[r].rows : p->k_shard.rows);
-    const size_t kv = rows * p->num_kv_heads * (size_t)(p->head_dim + p->head_dim_v) * elem;
-    return ((kv + 3) & ~(size_t)3) + rows * p->bias_heads * sizeof(float);
-}
 
 size_t ra__shard_kv_bytes(const struct ringattn_plan *p, int r)
 {
-    return shard_bytes(p, r, ra__dtype_size(p->dtype));
+    return ra__packed_kv_bytes(p, p->shards[r].rows);
 }
 
 size_t ra__shard_grad_bytes(const struct ringattn_plan *p, int r)
 {
-    return shard_bytes(p, r, sizeof(float));
+    return ra__packed_sums_bytes(p, p->shards[r].rows);
 }
 
 /* Does any query of shard a see any key of shard b? Exact (SPEC 3 over every segment pair). */
@@ -31,15 +23,15 @@ static int shards_meet(const struct ringattn_plan *p, const ra_shard *a, const r
     for (int i = 0; i < a->num_segs; ++i) {
         const ra_span *q = &a->segs[i].span;
         for (int32_t j = b->seq_first[q->seq]; j < b->seq_first[q->seq + 1]; ++j)
-            if (ra__classify_block(p->window, p->delta[q->seq], q, &b->segs[j].span, NULL, NULL) !=
-                RA_BLOCK_EMPTY)
+            if (ra__classify_block(p->kp.window, p->delta[q->seq], q, &b->segs[j].span, NULL,
+                                   NULL) != RA_BLOCK_EMPTY)
                 return 1;
     }
     return 0;
 }
 
 /* Bytes this rank sends and receives in one forward and one backward (ring.c's exchanges). */
-static void traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2])
+void ra__schedule_traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2])
 {
     const int r = p->rank, prev = (r - 1 + p->ranks) % p->ranks;
     fwd[0] = fwd[1] = bwd[0] = bwd[1] = 0;
@@ -74,35 +66,11 @@ static void log_schedule(const struct ringattn_plan *p)
                             p->step_compute[t] ? 'C' : '-');
     }
     size_t fwd[2], bwd[2];
-    traffic(p, fwd, bwd);
+    ra__schedule_traffic(p, fwd, bwd);
     ra__log(RA_LOG_INFO, p->rank, p->ranks,
             "schedule: %d of %d ring steps [%s] (C = compute, - = EMPTY, skipped), %d computed; "
             "bytes sent/received: forward %zu/%zu, backward %zu/%zu",
             p->num_steps, p->ranks, steps, kept, fwd[0], fwd[1], bwd[0], bwd[1]);
-}
-
-ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan, ringattn_plan_info_t *info)
-{
-    static const char fn[] = "ringattn_plan_get_info";
-    RA_CHECK(plan != NULL && ra__plan_is_live(plan), RINGATTN_ERR_INVALID_USAGE,
-             "%s: plan: got %p, expected a live plan", fn, (void *)plan);
-    RA_CHECK(info != NULL && info->struct_size == sizeof *info, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: info: got %s, expected a ringattn_plan_info_t from RINGATTN_PLAN_INFO_INIT", fn,
-             info ? "a wrong struct_size" : "NULL");
-    const struct ringattn_plan *p = plan;
-    size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
-    if (p->ranks > 1) traffic(p, fwd, bwd);
-    info->rank = p->rank;
-    info->ranks = p->ranks;
-    info->local_tokens = p->q_shard.rows;
-    info->num_steps = p->num_steps;
-    info->compute_steps = 0;
-    for (int t = 0; t < p->num_steps; ++t) info->compute_steps += p->step_compute[t];
-    info->forward_bytes_sent = fwd[0];
-    info->forward_bytes_received = fwd[1];
-    info->backward_bytes_sent = bwd[0];
-    info->backward_bytes_received = bwd[1];
-    return RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ra__schedule_make(struct ringattn_plan *p)

@@ -1,4 +1,4 @@
-/* The ring schedule (DESIGN: plan and schedule). Internal. */
+/* The ring schedule (DESIGN: the ring). Internal. */
 #ifndef RINGATTN_RING_PLAN_SCHEDULE_H
 #define RINGATTN_RING_PLAN_SCHEDULE_H
 
@@ -23,8 +23,12 @@ static inline int ra__moves_on(const struct ringattn_plan *p, int r, int t)
     return t < p->last_hop[ra__held_shard(p, r, t)];
 }
 
-/* Bytes of shard r's K, V (plan dtype) and bias, and of its float32 dK, dV and dBias. */
+/* Bytes of shard r packed (ring/plan/buffers.h): its K, V (plan dtype), and its float32 sums. */
 size_t ra__shard_kv_bytes(const struct ringattn_plan *p, int r);
 size_t ra__shard_grad_bytes(const struct ringattn_plan *p, int r);
+
+/* Bytes this rank sends ([0]) and receives ([1]) on the data plane in one forward and one
+   backward call. */
+void ra__schedule_traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2]);
 
 #endif

@@ -377,11 +377,8 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
     const int64_t nonzero_empty_dq = nonzero_dq_rows(cfg, ref.lse, pb.dq);
     CK(nonzero_empty_dq == 0);
 
-    const bool from_lib = opt.grads_from_library_forward;
-    const Dense &O_in = from_lib ? O : ref.O;
-    const std::vector<double> &lse_in = from_lib ? lse_cmp : ref.lse;
-    const BwdResult gref = oracle_backward(cfg, Q, K, V, O_in, lse_in, dO);
-    const BwdResult gmag = oracle_backward_magnitude(cfg, Q, K, V, O_in, lse_in, dO);
+    const BwdResult gref = oracle_backward(cfg, Q, K, V, ref.O, ref.lse, dO);
+    const BwdResult gmag = oracle_backward_magnitude(cfg, Q, K, V, ref.O, ref.lse, dO);
     const double err_dq = grad_err(pb.dq.to_dense(), gref.dQ, gmag.dQ);
     const double err_dk = grad_err(pb.dk.to_dense(), gref.dK, gmag.dK);
     const double err_dv = grad_err(pb.dv.to_dense(), gref.dV, gmag.dV);
@@ -389,9 +386,7 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
          << norm_rel_err(pb.dq.to_dense(), gref.dQ) << " dk " << norm_rel_err(pb.dk.to_dense(), gref.dK)
          << " dv " << norm_rel_err(pb.dv.to_dense(), gref.dV));
     BwdResult gp; // the plain same-precision implementation's gradients (half dtypes)
-    if (!f32)
-        gp = from_lib ? plain_backward(cfg, Q, K, V, O, lse_cmp, dO)
-                      : plain_backward(cfg, Q, K, V, plain.O, plain.lse, dO);
+    if (!f32) gp = plain_backward(cfg, Q, K, V, plain.O, plain.lse, dO);
     if (f32) {
         within("dQ", err_dq, TOL_GRAD_F32);
         within("dK", err_dk, TOL_GRAD_F32);

@@ -272,9 +272,10 @@ TEST_CASE("SPEC 10 case 4: valid logits below -5e4", "[spec][case4]")
             }
             Plan plan(c);
             require_plan(plan);
-            CheckOptions opt;
-            opt.grads_from_library_forward = true; // see CheckOptions: float32 LSE at -65536
-            REQUIRE(check_against_oracle(plan, pb, opt));
+            // |LSE| ~ 6.5e4 has a float32 ulp of 2^-7: P = exp(s - LSE) from the stored LSE would
+            // be off by up to 0.4%; the backward recomputes such rows' max and sum (SPEC 9), so
+            // the gradients are checked against the exact reference.
+            REQUIRE(check_against_oracle(plan, pb));
             bool below = true;
             for (int64_t i = 0; i < c.H * c.Tq(); ++i) below = below && pb.lse[(size_t)i] < -5e4f;
             CHECK(below);

@@ -52,7 +52,8 @@ TEST_CASE("plan_create rejects bad descriptors with their specific status", "[va
     static const float nan_slopes[4] = {0.5f, NAN, 0.125f, 0.0625f};
     const DescCase cases[] = {
         {"struct_size 0", IA, [](auto &d, auto &, auto &) { d.struct_size = 0; }},
-        {"struct_size too small", IA, [](auto &d, auto &, auto &) { d.struct_size = sizeof d - 8; }},
+        {"struct_size of no release", IA, [](auto &d, auto &, auto &) { d.struct_size = sizeof d / 2; }},
+        {"struct_size of a later version", IA, [](auto &d, auto &, auto &) { d.struct_size = sizeof d + 8; }},
         {"num_heads 0", IA, [](auto &d, auto &, auto &) { d.num_heads = 0; }},
         {"num_heads negative", IA, [](auto &d, auto &, auto &) { d.num_heads = -4; }},
         {"num_kv_heads negative", IA, [](auto &d, auto &, auto &) { d.num_kv_heads = -2; }},

@@ -1,0 +1,87 @@
+/*
+ * The backend table: one per backend (kernels/cpu, later kernels/cuda). The ring driver reaches
+ * the kernels, the backend's memory and every element-wise operation on it only through this
+ * table, so that it never touches tensor memory on the host. Internal.
+ */
+#ifndef RINGATTN_KERNELS_BACKEND_H
+#define RINGATTN_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/view.h"
+#include "kernels/params.h"
+#include "ringattn.h"
+
+struct ra_workspace; /* the backend's own, made at plan creation */
+
+/* rows x heads x dim elements between two views: the same dtype, or float32 into src's dtype. */
+typedef struct ra_copy {
+    const ra_view *src, *dst;
+    ringattn_dtype_t src_dtype, dst_dtype;
+    int64_t rows;
+    int heads, dim;
+} ra_copy;
+
+/* What the driver asks of a call's inputs before it decides anything (SPEC 9). */
+typedef struct ra_scan_io {
+    const ra_view *q, *k; /* the local queries' Q and the local keys' K */
+    int64_t q_rows, k_rows;
+    const float *lse;     /* backward: [H, q_rows] from the forward; NULL in the forward */
+} ra_scan_io;
+
+typedef struct ra_scan {
+    float q_absmax, k_absmax; /* max |element| (NaN when an element is NaN) */
+    int64_t lossy_rows;       /* (head, row) pairs with ra__lse_lossy(LSE) */
+} ra_scan;
+
+/* SPEC 5 merge of n normalised partials (views of [rows, heads, dim]) into out / out_lse. */
+typedef struct ra_merge_io {
+    int n;
+    int64_t rows;
+    int heads, dim;
+    ringattn_dtype_t dtype;
+    const ra_view *parts;
+    const float *const *parts_lse;
+    const ra_view *out;
+    float *out_lse;
+} ra_merge_io;
+
+struct ra_backend {
+    const char *name;
+    ringattn_backend_t kind;
+    /* Plan creation: refuse what the backend cannot run (RINGATTN_ERR_UNSUPPORTED and a
+       message), decide the tiles and threads in prm; then make the workspace for them. */
+    ringattn_status_t (*prepare)(ra_kernel_params *prm);
+    ringattn_status_t (*workspace_create)(const ra_kernel_params *prm, struct ra_workspace **ws,
+                                          size_t *bytes);
+    void (*workspace_destroy)(struct ra_workspace *ws);
+
+    /* The backend's memory (device memory on a GPU), and element work on it, in stream order. */
+    ringattn_status_t (*alloc)(size_t bytes, void **ptr);
+    void (*free)(void *ptr);
+    ringattn_status_t (*zero)(void *dst, size_t bytes, void *stream);
+    ringattn_status_t (*copy)(const ra_copy *c, void *stream);
+    ringattn_status_t (*add_f32)(float *dst, const float *src, size_t n, void *stream);
+    /* Between host memory and the backend's: to_host returns when the bytes are there. */
+    ringattn_status_t (*to_host)(void *host, const void *src, size_t bytes, void *stream);
+    ringattn_status_t (*from_host)(void *dst, const void *host, size_t bytes, void *stream);
+    ringattn_status_t (*scan)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                              const ra_scan_io *io, ra_scan *out);
+    ringattn_status_t (*merge)(const ra_merge_io *io, void *stream);
+    /* Order between streams of one device; NULL where all work runs in one order (CPU). */
+    ringattn_status_t (*event_record)(void *event, void *stream);
+    ringattn_status_t (*event_wait)(void *event, void *stream);
+
+    /* Attention, one ring step per call (params.h). */
+    ringattn_status_t (*attend_forward)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                        const ra_fwd_io *io);
+    ringattn_status_t (*backward_prologue)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                           const ra_bwd_prologue_io *io);
+    ringattn_status_t (*attend_backward)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                         const ra_bwd_io *io);
+};
+
+extern const struct ra_backend ra__cpu_backend;
+
+#endif

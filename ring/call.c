@@ -1,0 +1,53 @@
+/* A call's scan of its inputs and the agreement of every rank on it (see call.h). */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "comm/comm.h"
+#include "ring/call.h"
+
+/* A non-negative float (or NaN) as an int64 that orders like it: its bits. */
+static int64_t float_order(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (int64_t)u;
+}
+
+static float order_float(int64_t v)
+{
+    const uint32_t u = (uint32_t)v;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringattn_status_t local,
+                                 int lse_in, ra_call *c)
+{
+    ra_scan scan = {0.0f, 0.0f, 0};
+    if (local == RINGATTN_SUCCESS) {
+        const ra_scan_io io = {&c->a.q, &c->a.k, p->kp.queries->rows, ra__local_keys(p)->rows,
+                               lse_in ? c->a.lse : NULL};
+        local = p->be->scan(p->ws, &p->kp, &io, &scan);
+    }
+    if (p->ranks > 1) { /* MIN of {ok, -max |K|, -lossy}: all valid, the ring's max, any lossy */
+        int64_t v[3] = {local == RINGATTN_SUCCESS, -float_order(scan.k_absmax),
+                        -(int64_t)(scan.lossy_rows > 0)};
+        RA_TRY(p->comm->ops->allreduce_i64(p->comm, v, 3, RA_REDUCE_MIN));
+        if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
+        RA_CHECK(v[0] == 1, RINGATTN_ERR_INVALID_ARGUMENT,
+                 "%s: tensors: refused on another rank (this is rank %d of %d), expected valid "
+                 "arguments on every rank (see that rank's message)",
+                 fn, p->rank, p->ranks);
+        scan.k_absmax = order_float(-v[1]);
+        scan.lossy_rows = -v[2];
+    }
+    RA_TRY(local);
+    /* SPEC 9: every partial sum of q . k is at most D max|q| max|k| (NaN: no; it propagates) */
+    const double bound = (double)p->kp.head_dim * scan.q_absmax * scan.k_absmax;
+    c->scale_q_first = bound > FLT_MAX / 2;
+    c->recompute = scan.lossy_rows > 0;
+    return RINGATTN_SUCCESS;
+}

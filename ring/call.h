@@ -1,0 +1,37 @@
+/*
+ * One forward or backward call before the ring starts: its checked tensors, what the backend
+ * found in them, and the agreement of every rank on both. Internal.
+ */
+#ifndef RINGATTN_RING_CALL_H
+#define RINGATTN_RING_CALL_H
+
+#include "base/view.h"
+#include "ring/plan/plan.h"
+
+/* The checked tensors of one call (ring/api.c). */
+typedef struct ra_args {
+    ra_view q, k, v, o, dout, dq, dk, dv;
+    float *lse;            /* [num_heads, T_q] */
+    const float *key_bias; /* [H_b, T_k] or NULL */
+    float *dbias;          /* [H_b, T_k] or NULL */
+} ra_args;
+
+/* What the call's inputs imply, decided before the ring starts (SPEC 9). */
+typedef struct ra_call {
+    ra_args a;
+    int scale_q_first; /* |Q| |K| D could overflow float32: the kernels scale Q first */
+    int recompute;     /* backward: some rank has rows whose LSE is lossy (ra__lse_lossy) */
+} ra_call;
+
+/*
+ * Collective over the plan's ring: local is this rank's check of its arguments (c->a). Scans
+ * them through the backend (largest |Q| and |K|, lossy LSE rows when lse_in), then one
+ * allreduce tells every rank whether all arguments were valid, the largest |K| of the ring and
+ * whether any rank needs the recomputation. A rank whose arguments were refused keeps its own
+ * message; the others fail too, before any K/V moves, so that no rank waits for one that left
+ * the call, and a retried call never meets messages of the failed one.
+ */
+ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringattn_status_t local,
+                                 int lse_in, ra_call *c);
+
+#endif

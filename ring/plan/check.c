@@ -1,0 +1,135 @@
+/* Everything one rank can check about its descriptor (SPEC 1-3, 6), and its backend. */
+#include <math.h>
+
+#include "base/error.h"
+#include "ring/compat.h"
+#include "ring/plan/check.h"
+
+#define FN "ringattn_plan_create"
+
+static ringattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int n)
+{
+    RA_CHECK(cu != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": %s: got NULL, expected an array of num_seqs + 1 = %d entries", name, n + 1);
+    RA_CHECK(cu[0] == 0, RINGATTN_ERR_INVALID_ARGUMENT, FN ": %s[0]: got %d, expected 0", name,
+             (int)cu[0]);
+    for (int s = 0; s < n; ++s)
+        RA_CHECK(cu[s + 1] >= cu[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                 FN ": %s: got %s[%d] = %d < %s[%d] = %d, expected non-decreasing", name, name,
+                 s + 1, (int)cu[s + 1], name, s, (int)cu[s]);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_shapes(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->num_heads > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_heads: got %d, expected > 0", d->num_heads);
+    RA_CHECK(d->num_kv_heads >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_kv_heads: got %d, expected >= 0 (0 = num_heads)", d->num_kv_heads);
+    const int hkv = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
+    RA_CHECK(d->num_heads % hkv == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_kv_heads: got %d, expected a divisor of num_heads = %d", hkv, d->num_heads);
+    RA_CHECK(d->head_dim > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": head_dim: got %d, expected > 0", d->head_dim);
+    RA_CHECK(d->head_dim <= RA_MAX_HEAD_DIM, RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim: got %d, expected <= %d", d->head_dim, RA_MAX_HEAD_DIM);
+    RA_CHECK(d->head_dim_v >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": head_dim_v: got %d, expected >= 0 (0 = head_dim)", d->head_dim_v);
+    RA_CHECK(d->head_dim_v <= RA_MAX_HEAD_DIM, RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim_v: got %d, expected <= %d", d->head_dim_v, RA_MAX_HEAD_DIM);
+    RA_CHECK(d->dtype == RINGATTN_FLOAT32 || d->dtype == RINGATTN_FLOAT16 ||
+                 d->dtype == RINGATTN_BFLOAT16,
+             RINGATTN_ERR_INVALID_ARGUMENT, FN ": dtype: got %d, expected a ringattn_dtype_t",
+             (int)d->dtype);
+    RA_CHECK(d->layout == RINGATTN_LAYOUT_CONTIGUOUS || d->layout == RINGATTN_LAYOUT_ZIGZAG ||
+                 d->layout == RINGATTN_LAYOUT_STRIPED,
+             RINGATTN_ERR_INVALID_ARGUMENT, FN ": layout: got %d, expected a ringattn_layout_t",
+             (int)d->layout);
+    RA_CHECK(d->num_seqs >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_seqs: got %d, expected >= 0", d->num_seqs);
+    RA_TRY(check_cu_seqlens("cu_seqlens", d->cu_seqlens, d->num_seqs));
+    if (d->cu_seqlens_k) RA_TRY(check_cu_seqlens("cu_seqlens_k", d->cu_seqlens_k, d->num_seqs));
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_masks(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->window_left >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": window_left: got %d, expected >= -1 (-1 = unbounded)", d->window_left);
+    RA_CHECK(d->window_right >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": window_right: got %d, expected >= -1 (-1 = unbounded)", d->window_right);
+    RA_CHECK(isfinite(d->softmax_scale) && d->softmax_scale >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softmax_scale: got %g, expected finite and >= 0 (0 = 1/sqrt(head_dim))",
+             (double)d->softmax_scale);
+    RA_CHECK(isfinite(d->softcap) && d->softcap >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softcap: got %g, expected finite and >= 0 (0 = off)", (double)d->softcap);
+    if (d->alibi_slopes)
+        for (int h = 0; h < d->num_heads; ++h)
+            RA_CHECK(isfinite(d->alibi_slopes[h]), RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": alibi_slopes[%d]: got %g, expected finite", h,
+                     (double)d->alibi_slopes[h]);
+    const int hb = d->key_bias_heads, hkv = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
+    RA_CHECK(hb == 0 || hb == 1 || hb == hkv || hb == d->num_heads, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": key_bias_heads: got %d, expected 0 (no bias), 1, num_kv_heads = %d or "
+                "num_heads = %d",
+             hb, hkv, d->num_heads);
+    RA_CHECK(d->keep_k >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": keep_k: got %d, expected >= 0 (0 = no selection)", d->keep_k);
+    RA_CHECK(d->keep_k == 0 || hb > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": keep_k: got %d with key_bias_heads = 0, expected a key bias to select by",
+             d->keep_k);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_tuning(const ringattn_plan_desc_t *d)
+{
+    RA_CHECK(d->block_q >= 0 && d->block_q <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": block_q: got %d, expected 0..1024 (0 = default)", d->block_q);
+    RA_CHECK(d->block_k >= 0 && d->block_k <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": block_k: got %d, expected 0..1024 (0 = default)", d->block_k);
+    RA_CHECK(d->num_threads >= 0 && d->num_threads <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_threads: got %d, expected 0..1024 (0 = OpenMP default)", d->num_threads);
+    return RINGATTN_SUCCESS;
+}
+
+/* The backend the descriptor asks for, if this build has it: never a silent fallback. */
+static ringattn_status_t check_backend(const ringattn_plan_desc_t *d,
+                                       const struct ra_backend **backend)
+{
+    RA_CHECK(d->backend == RINGATTN_BACKEND_AUTO || d->backend == RINGATTN_BACKEND_CPU ||
+                 d->backend == RINGATTN_BACKEND_CUDA,
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": backend: got %d, expected RINGATTN_BACKEND_AUTO, _CPU or _CUDA",
+             (int)d->backend);
+    RA_CHECK(d->backend != RINGATTN_BACKEND_CUDA, RINGATTN_ERR_UNSUPPORTED,
+             FN ": backend: got RINGATTN_BACKEND_CUDA, but this build has no CUDA backend "
+                "(configure with -DRINGATTN_ENABLE_CUDA=ON)");
+    RA_CHECK(d->device >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": device: got %d, expected -1 (the current device) or a device ordinal",
+             d->device);
+    RA_CHECK(d->device <= 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": device: got %d, expected -1 or 0 for the CPU backend", d->device);
+    *backend = &ra__cpu_backend;
+    return RINGATTN_SUCCESS;
+}
+
+/* Everything a rank can check alone about its descriptor. */
+ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_t *caller,
+                                 ringattn_plan_desc_t *desc, const struct ra_backend **backend)
+{
+    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": desc: got NULL, expected a descriptor from RINGATTN_PLAN_DESC_INIT");
+    RA_TRY(ra__desc_in(FN, caller, desc));
+    RA_TRY(check_shapes(desc));
+    RA_TRY(check_masks(desc));
+    RA_TRY(check_tuning(desc));
+    RA_TRY(check_backend(desc, backend));
+    if (comm && desc->cu_seqlens_k)
+        for (int s = 0; s <= desc->num_seqs; ++s)
+            RA_CHECK(desc->cu_seqlens_k[s] == desc->cu_seqlens[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": cu_seqlens_k[%d]: got %d, expected %d (in a ring queries and keys are "
+                        "the same tokens; use NULL)",
+                     s, (int)desc->cu_seqlens_k[s], (int)desc->cu_seqlens[s]);
+    return RINGATTN_SUCCESS;
+}
+
