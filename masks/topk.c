@@ -5,17 +5,36 @@
 
 #include "masks/topk.h"
 
-static int by_rank(const void *a, const void *b)
+/* Does x rank before y: bias descending, then position ascending (a strict total order). */
+static inline int before(ra_topk_key x, ra_topk_key y)
 {
-    const ra_topk_key *x = a, *y = b;
-    if (x->bias != y->bias) return x->bias > y->bias ? -1 : 1;
-    return x->pos < y->pos ? -1 : x->pos > y->pos;
+    return x.bias > y.bias || (x.bias == y.bias && x.pos < y.pos);
 }
 
+/* Restores the heap property (the last in rank order on top) below node i of a[0..n). */
+static void sift_down(ra_topk_key *a, int32_t i, int32_t n)
+{
+    const ra_topk_key x = a[i];
+    for (int32_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && before(a[c], a[c + 1])) ++c;
+        if (!before(x, a[c])) break;
+        a[i] = a[c];
+    }
+    a[i] = x;
+}
+
+/* A heap sort: in place and allocation-free (qsort may malloc), O(n log n). The order is a
+   total order on distinct positions, so the result is the one sorted order whatever the sort. */
 void ra__topk_order(const float *bias, int32_t n, ra_topk_key *order)
 {
     for (int32_t p = 0; p < n; ++p) order[p] = (ra_topk_key){bias[p], p};
-    qsort(order, (size_t)n, sizeof *order, by_rank);
+    for (int32_t i = n / 2 - 1; i >= 0; --i) sift_down(order, i, n);
+    for (int32_t end = n - 1; end > 0; --end) {
+        const ra_topk_key top = order[0];
+        order[0] = order[end];
+        order[end] = top;
+        sift_down(order, 0, end);
+    }
 }
 
 void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *rank)

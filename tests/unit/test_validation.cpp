@@ -94,6 +94,12 @@ TEST_CASE("plan_create rejects bad descriptors with their specific status", "[va
         {"block_q negative", IA, [](auto &d, auto &, auto &) { d.block_q = -1; }},
         {"block_k negative", IA, [](auto &d, auto &, auto &) { d.block_k = -16; }},
         {"num_threads negative", IA, [](auto &d, auto &, auto &) { d.num_threads = -1; }},
+        {"backend 3", IA, [](auto &d, auto &, auto &) { d.backend = (ringattn_backend_t)3; }},
+        {"device -2", IA, [](auto &d, auto &, auto &) { d.device = -2; }},
+        {"device 1 on the CPU", IA, [](auto &d, auto &, auto &) { d.backend = RINGATTN_BACKEND_CPU, d.device = 1; }},
+#ifndef RINGATTN_TEST_HAS_CUDA
+        {"backend CUDA, not built", UN, [](auto &d, auto &, auto &) { d.backend = RINGATTN_BACKEND_CUDA; }},
+#endif
     };
     for (const DescCase &dc : cases) {
         Base b;
@@ -110,6 +116,32 @@ TEST_CASE("plan_create rejects bad descriptors with their specific status", "[va
         CHECK(plan == sentinel);
         CHECK(mentions("ringattn_plan_create"));
         if (st == RINGATTN_SUCCESS && plan != sentinel) ringattn_plan_destroy(plan);
+    }
+}
+
+TEST_CASE("plan_create: a backend this build lacks names what it lacks", "[validation]")
+{
+#ifndef RINGATTN_TEST_HAS_CUDA
+    Base b;
+    ringattn_plan_desc_t d = make_desc(b.cfg);
+    d.backend = RINGATTN_BACKEND_CUDA;
+    ringattn_plan_t plan = nullptr;
+    CHECK(ringattn_plan_create(nullptr, &d, &plan) == RINGATTN_ERR_UNSUPPORTED);
+    CHECK(plan == nullptr);
+    CHECK(std::strstr(ringattn_last_error(), "RINGATTN_ENABLE_CUDA") != nullptr);
+#endif
+    // AUTO and CPU both give the CPU backend here, and get_info says so.
+    for (ringattn_backend_t be : {RINGATTN_BACKEND_AUTO, RINGATTN_BACKEND_CPU}) {
+        Base b2;
+        ringattn_plan_desc_t d2 = make_desc(b2.cfg);
+        d2.backend = be;
+        ringattn_plan_t p = nullptr;
+        REQUIRE(ringattn_plan_create(nullptr, &d2, &p) == RINGATTN_SUCCESS);
+        ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
+        REQUIRE(ringattn_plan_get_info(p, &info) == RINGATTN_SUCCESS);
+        CHECK(info.backend == RINGATTN_BACKEND_CPU);
+        CHECK(info.device == -1);
+        ringattn_plan_destroy(p);
     }
 }
 

@@ -1,0 +1,219 @@
+/*
+ * ringattn: exact sequence-parallel ("ring") flash attention, plain C API.
+ *
+ * The numerical contract (logits, masks, guarded softmax state, merge, backward, layouts,
+ * tolerances) is docs/SPEC.md; section numbers in comments ("SPEC 4") refer to it.
+ *
+ * Every function validates its arguments, returns a status, writes nothing on failure and
+ * leaves a message for ringattn_last_error(). Nothing aborts, exits or throws.
+ */
+#ifndef RINGATTN_H
+#define RINGATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define RINGATTN_API
+#elif defined(RINGATTN_BUILDING)
+#define RINGATTN_API __attribute__((visibility("default")))
+#else
+#define RINGATTN_API
+#endif
+
+#define RINGATTN_VERSION_MAJOR 0
+#define RINGATTN_VERSION_MINOR 1
+#define RINGATTN_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
+#define RINGATTN_VERSION \
+    (RINGATTN_VERSION_MAJOR * 10000 + RINGATTN_VERSION_MINOR * 100 + RINGATTN_VERSION_PATCH)
+
+typedef enum ringattn_status {
+    RINGATTN_SUCCESS = 0,
+    RINGATTN_ERR_INVALID_ARGUMENT, /* a value is out of its documented range */
+    RINGATTN_ERR_INVALID_USAGE,    /* calls in the wrong order, a destroyed plan, ... */
+    RINGATTN_ERR_UNSUPPORTED,      /* valid, but this build or backend cannot do it */
+    RINGATTN_ERR_OUT_OF_MEMORY,
+    RINGATTN_ERR_COMM,
+    RINGATTN_ERR_CUDA,
+    RINGATTN_ERR_INTERNAL
+} ringattn_status_t;
+
+RINGATTN_API const char *ringattn_status_string(ringattn_status_t status);
+/* Message of the last failure on the calling thread ("" if none). Valid until the next call. */
+RINGATTN_API const char *ringattn_last_error(void);
+RINGATTN_API int ringattn_version(void);
+RINGATTN_API const char *ringattn_version_string(void);
+
+typedef enum ringattn_dtype {
+    RINGATTN_FLOAT32 = 0,
+    RINGATTN_FLOAT16 = 1,
+    RINGATTN_BFLOAT16 = 2
+} ringattn_dtype_t;
+
+/* How P ranks split every sequence (SPEC 8). Meaningful once a comm is given. */
+typedef enum ringattn_layout {
+    RINGATTN_LAYOUT_CONTIGUOUS = 0,
+    RINGATTN_LAYOUT_ZIGZAG = 1,
+    RINGATTN_LAYOUT_STRIPED = 2
+} ringattn_layout_t;
+
+typedef struct ringattn_comm *ringattn_comm_t; /* who is in the ring, how bytes move */
+typedef struct ringattn_plan *ringattn_plan_t; /* shapes, masks, schedule, workspace */
+
+/*
+ * What to compute. Initialise with RINGATTN_PLAN_DESC_INIT, then set fields; struct_size lets
+ * later versions add fields without breaking binaries built against this one.
+ */
+typedef struct ringattn_plan_desc {
+    size_t struct_size;
+    int num_heads;    /* H: query heads */
+    int num_kv_heads; /* H_kv: H % H_kv == 0 (GQA/MQA); 0 means H */
+    int head_dim;     /* D of Q and K: 1..256 */
+    int head_dim_v;   /* D_v of V and O: 1..256; 0 means D */
+    ringattn_dtype_t dtype;
+    ringattn_layout_t layout;
+    int num_seqs;
+    const int32_t *cu_seqlens;   /* [num_seqs + 1] query boundaries, host memory, copied */
+    const int32_t *cu_seqlens_k; /* key boundaries, or NULL for the same as cu_seqlens.
+                                    Keys may outnumber queries (KV cache): bottom-right aligned */
+    int causal;                  /* nonzero: window_right = 0 (SPEC 3) */
+    int window_left, window_right; /* -1 = unbounded on that side */
+    float softmax_scale;         /* 0: 1/sqrt(head_dim) */
+    float softcap;               /* 0: off */
+    const float *alibi_slopes;   /* [num_heads] or NULL; copied */
+    /* Dynamic mask attention (SPEC 6): a float32 bias per key, [key_bias_heads, T_k], added to
+       the logits (not scaled); query head h reads bias head h / (H / key_bias_heads). 0 = no
+       bias; else 1, num_kv_heads or num_heads. keep_k > 0 (needs a bias): each query keeps only
+       the keep_k valid keys of largest bias over its whole sequence (ties: lower position). */
+    int key_bias_heads, keep_k;
+    int block_q, block_k;        /* tile sizes in tokens, 0..1024, 0 = default (tuning, tests) */
+    int num_threads;             /* CPU threads, 0 = OpenMP's default */
+} ringattn_plan_desc_t;
+
+#define RINGATTN_PLAN_DESC_INIT                                                              \
+    {                                                                                       \
+        sizeof(ringattn_plan_desc_t), 0, 0, 0, 0, RINGATTN_FLOAT32, RINGATTN_LAYOUT_CONTIGUOUS, \
+            0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0                         \
+    }
+
+/*
+ * A [T, heads, dim] tensor: element (t, h, c) is at data[t * row_stride + h * head_stride + c]
+ * counted in elements of the plan's dtype. Strides of 0 mean packed: head_stride = dim,
+ * row_stride = heads * dim.
+ */
+typedef struct ringattn_tensor {
+    void *data;
+    int64_t row_stride;
+    int64_t head_stride;
+} ringattn_tensor_t;
+
+typedef struct ringattn_tensors {
+    size_t struct_size;
+    ringattn_tensor_t q, k, v;  /* inputs: [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D_v] */
+    ringattn_tensor_t o;        /* forward output, backward input: [T_q, H, D_v] */
+    float *lse;                 /* [H, T_q] float32: forward output, backward input */
+    ringattn_tensor_t dout;     /* backward input dO: [T_q, H, D_v] */
+    ringattn_tensor_t dq, dk, dv; /* backward outputs, overwritten */
+    /* [key_bias_heads, T_k] float32, packed; NULL without a bias. Finite or -inf (a key no row
+       uses); a NaN or +inf is refused with RINGATTN_ERR_INVALID_ARGUMENT. */
+    const float *key_bias;
+    float *dbias;               /* backward output [key_bias_heads, T_k], or NULL: not wanted */
+} ringattn_tensors_t;
+
+#define RINGATTN_TENSOR_NONE {NULL, 0, 0}
+#define RINGATTN_TENSORS_INIT                                                                 \
+    {                                                                                        \
+        sizeof(ringattn_tensors_t), RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE,              \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, RINGATTN_TENSOR_NONE,          \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL     \
+    }
+
+/*
+ * Communicators. A comm says who is in the ring and how bytes move (include/ringattn_mpi.h
+ * makes one from an MPI communicator). The threads transport runs num_ranks ranks as threads
+ * of this process: comms[r] is rank r's handle, used by one thread; destroy each.
+ */
+RINGATTN_API ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms);
+RINGATTN_API ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size);
+/* NULL is a no-op. */
+RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);
+
+/*
+ * comm == NULL: one rank (plain flash attention with every mask; also the local API).
+ * Otherwise collective over comm: every rank passes the same descriptor (checked: a mismatch
+ * fails on every rank) and gets a plan for its own tokens under desc->layout.
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
+                                                    const ringattn_plan_desc_t *desc,
+                                                    ringattn_plan_t *plan);
+/*
+ * The tokens this rank holds, in local row order: *count of them, and when global_index is not
+ * NULL (an array of *count entries, ask for the count first) the index of each in the global
+ * packed batch described by cu_seqlens. Local Q, K, V, O, dO, dQ, dK, dV rows follow this
+ * order; a single-rank plan holds every query token in order.
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
+                                                          int32_t *global_index);
+/* What a plan will do on this rank: its schedule and traffic (also logged at RINGATTN_LOG=info). */
+typedef struct ringattn_plan_info {
+    size_t struct_size;           /* set by RINGATTN_PLAN_INFO_INIT */
+    int rank, ranks;
+    int64_t local_tokens;
+    /* ring steps (<= ranks): after them no rank needs a farther shard */
+    int num_steps;
+    int compute_steps;            /* steps in which this rank computes (the others are EMPTY) */
+    size_t forward_bytes_sent, forward_bytes_received;   /* per forward call */
+    size_t backward_bytes_sent, backward_bytes_received; /* per backward call */
+} ringattn_plan_info_t;
+
+#define RINGATTN_PLAN_INFO_INIT {sizeof(ringattn_plan_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+RINGATTN_API ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan,
+                                                      ringattn_plan_info_t *info);
+
+/*
+ * Layout helpers, so that callers need not re-derive SPEC 8. scatter copies this rank's rows of
+ * a global [T, heads, dim] tensor (T = cu_seqlens[num_seqs]) into a local [T_local, heads, dim]
+ * one; gather writes a local tensor's rows into their places in a global one (other rows are
+ * left as they are: combine the ranks' pieces with your own allgather or reduction). Tensors
+ * are of `dtype`, strides as in ringattn_tensor_t. An LSE [H, T] is dtype RINGATTN_FLOAT32,
+ * heads = H, dim = 1, row_stride = 1 and head_stride = T (global) or T_local (local).
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_scatter(ringattn_plan_t plan, ringattn_dtype_t dtype,
+                                                     int heads, int dim, ringattn_tensor_t global,
+                                                     ringattn_tensor_t local);
+RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringattn_dtype_t dtype,
+                                                    int heads, int dim, ringattn_tensor_t local,
+                                                    ringattn_tensor_t global);
+/* O and LSE from Q, K, V. stream: NULL on CPU. */
+RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                                void *stream);
+/* dQ, dK, dV from Q, K, V, O, LSE, dO (SPEC 7). */
+RINGATTN_API ringattn_status_t ringattn_backward(ringattn_plan_t plan,
+                                                 const ringattn_tensors_t *t, void *stream);
+/* NULL is a no-op. */
+RINGATTN_API ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan);
+
+/*
+ * SPEC 5: merge num_partials normalised partials (O_s [T, H, D_v], LSE_s [H, T]) of attention
+ * over disjoint key sets into out_o / out_lse. An LSE of -inf (or +inf, FlashAttention 2's
+ * marker of an empty row) is an empty partial whose O is never read into the result. The
+ * outputs may alias any input (in-place merge).
+ */
+RINGATTN_API ringattn_status_t ringattn_merge_partials(int num_partials, int64_t num_tokens,
+                                                       int num_heads, int head_dim_v,
+                                                       ringattn_dtype_t dtype,
+                                                       const ringattn_tensor_t *parts_o,
+                                                       const float *const *parts_lse,
+                                                       ringattn_tensor_t out_o, float *out_lse);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RINGATTN_H */
