@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ringattn.h"
+#include "support/device.hpp"
 
 namespace {
 
@@ -61,6 +62,7 @@ TEST_CASE("local tokens, scatter and gather follow SPEC 8", "[ring][layout]")
                     errors.push_back("rank " + std::to_string(r) + ": " + e);
                 };
                 ringattn_plan_desc_t d = RINGATTN_PLAN_DESC_INIT;
+                d.backend = ratest::test_backend();
                 d.num_heads = H;
                 d.head_dim = dim;
                 d.layout = layout;

@@ -1,71 +1,40 @@
 // The ring over the threads transport (N ranks as threads), N = 1..8: output, LSE and every
-// gradient equal to the single-rank plan within SPEC 9, for every layout and mask (SPEC 10
-// case 9), ragged varlen batches with sequences shorter than N, GQA, float32 and bfloat16; and
-// with dynamic masks (SPEC 6): a key bias of 1, H_kv or H heads and a top-k selection that is
-// global over each sequence, not per shard.
+// gradient within SPEC 9 of the float64 oracle, as the single-rank plan is, for every layout and
+// mask of the catalogue (SPEC 10 case 9), ragged varlen batches with sequences shorter than N,
+// GQA, float32 and bfloat16; and with dynamic masks (SPEC 6): a key bias of 1, H_kv or H heads
+// and a top-k selection that is global over each sequence, not per shard.
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <random>
 #include <functional>
 #include <initializer_list>
 
-#include "ring/compare.hpp"
-#include "ring/ring_harness.hpp"
-#include "ring/ring_oracle.hpp"
+#include "ring/ring_check.hpp"
+#include "support/cases.hpp"
 
-using ringtest::Problem;
+using ratest::AttnConfig;
+using ratest::Mask;
+using ratest::Problem;
 using ringtest::Result;
-
-using ringtest::check_same;
-using ringtest::o_vs_oracle;
+using ringtest::RunOptions;
 
 namespace {
 
 const ringattn_layout_t all_layouts[] = {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
                                          RINGATTN_LAYOUT_STRIPED};
 
-struct Mask {
-    const char *name;
-    int causal, wl, wr;
-};
-
-// The ragged batch (lengths 97, 1, 3, 0, 59: sequences shorter than N, one empty) under mask m.
-Problem ragged_batch(const Mask &m)
+// The single-rank plan and the ring on each number of ranks in `ranks`, under every layout,
+// each within SPEC 9 of the oracle.
+void check_ring(const Problem &pb, std::initializer_list<int> ranks)
 {
-    Problem pb;
-    pb.cu = {0, 97, 98, 101, 101, 160};
-    pb.causal = m.causal;
-    pb.wl = m.wl;
-    pb.wr = m.wr;
-    return pb;
-}
-
-// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
-Problem softcap_alibi_mqa()
-{
-    Problem pb;
-    pb.H = 4;
-    pb.Hkv = 1;
-    pb.D = 40;
-    pb.Dv = 24;
-    pb.cu = {0, 70, 131};
-    pb.causal = 1;
-    pb.wl = 30;
-    pb.softcap = 5.0f;
-    pb.alibi = {0.5f, 0.25f, 0.125f, 0.0625f};
-    return pb;
-}
-
-// The ring on each number of ranks in `ranks`, under every layout, equals the single-rank plan
-// (check_same at pb's dtype; fl floors the gradient comparisons, see compare.hpp).
-void check_ring_equals_single(const Problem &pb, std::initializer_list<int> ranks,
-                              const ringtest::GradFloors &fl = ringtest::GradFloors())
-{
-    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+    const ratest::Spec9 judge = ringtest::judge_of(pb);
+    ringtest::check_result(ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS), judge, pb, "single rank");
     for (ringattn_layout_t layout : all_layouts)
         for (int n : ranks) {
-            INFO("layout " << layout << ", ranks " << n);
-            check_same(ringtest::run(pb, n, layout), single, pb.dtype, fl);
+            const std::string label = "layout " + std::to_string(layout) + ", ranks " + std::to_string(n);
+            ringtest::check_result(ringtest::run(pb, n, layout), judge, pb, label);
         }
 }
 
@@ -75,44 +44,44 @@ void check_mismatch_fails_quickly(const Problem &pb, int ranks,
                                   const std::function<void(int, ringattn_plan_desc_t &)> &hook)
 {
     const auto t0 = std::chrono::steady_clock::now();
-    const Result r = ringtest::run(pb, ranks, RINGATTN_LAYOUT_CONTIGUOUS, hook);
+    RunOptions opt;
+    opt.desc_hook = hook;
+    const Result r = ringtest::run(pb, ranks, RINGATTN_LAYOUT_CONTIGUOUS, opt);
     CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
+// A problem of the ring batch with a key bias of hb heads and top-k keep_k.
+AttnConfig with_bias(AttnConfig c, int hb, int keep_k)
+{
+    c.key_bias_heads = hb;
+    c.keep_k = keep_k;
+    return c;
+}
+
 } // namespace
 
-TEST_CASE("ring over threads equals the single-rank plan", "[ring]")
+TEST_CASE("ring over threads is within SPEC 9 of the oracle", "[ring]")
 {
-    // Shard length is about 160 / N; the windows are chosen against that.
-    const Mask masks[] = {{"none", 0, -1, -1},        {"causal", 1, -1, -1},
-                          {"window wide", 1, 60, 0},  {"window narrow", 1, 5, 0},
-                          {"band both sides", 0, 7, 3}, {"causal+window", 1, 25, -1}};
-    const ringattn_dtype_t dtypes[] = {RINGATTN_FLOAT32, RINGATTN_BFLOAT16};
     uint64_t seed = 1;
-    for (ringattn_dtype_t dt : dtypes)
-        for (const Mask &m : masks) {
-            Problem pb = ragged_batch(m);
-            pb.dtype = dt;
-            pb.fill(seed++);
+    for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16})
+        for (const Mask &m : ratest::ring_masks) {
+            const Problem pb = ratest::packed_problem(ratest::ring_batch(m, dt), seed++);
             INFO("dtype " << dt << ", mask " << m.name);
-            check_ring_equals_single(pb, {1, 2, 3, 4, 5, 6, 7, 8});
+            check_ring(pb, {1, 2, 3, 4, 5, 6, 7, 8});
         }
 }
 
 TEST_CASE("ring with softcap, ALiBi, MQA and D_v != D", "[ring]")
 {
-    Problem pb = softcap_alibi_mqa();
-    pb.fill(77);
-    check_ring_equals_single(pb, {2, 3, 5});
+    check_ring(ratest::packed_problem(ratest::ring_softcap_alibi_mqa(), 77), {2, 3, 5});
 }
 
 TEST_CASE("ring runs are bitwise repeatable", "[ring]")
 {
-    Problem pb;
-    pb.cu = {0, 50, 123};
-    pb.causal = 1;
-    pb.fill(5);
+    AttnConfig c = ratest::ring_batch({"causal", 1, -1, -1});
+    c.cu_q = {0, 50, 123};
+    const Problem pb = ratest::packed_problem(c, 5);
     const Result a = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
     const Result b = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
     REQUIRE(a.status == RINGATTN_SUCCESS);
@@ -121,95 +90,87 @@ TEST_CASE("ring runs are bitwise repeatable", "[ring]")
 
 TEST_CASE("a descriptor that differs on one rank fails on every rank, quickly", "[ring]")
 {
-    Problem pb;
-    pb.cu = {0, 64};
-    pb.fill(9);
+    AttnConfig c = ratest::ring_batch({"none", 0, -1, -1});
+    c.cu_q = {0, 64};
+    const Problem pb = ratest::packed_problem(c, 9);
     for (int bad_rank : {0, 2})
         check_mismatch_fails_quickly(pb, 4, [&](int rank, ringattn_plan_desc_t &d) {
             if (rank == bad_rank) d.window_left = 3;
         });
     // An invalid descriptor on one rank: its own message there, an error on the others too.
-    const Result r = ringtest::run(pb, 3, RINGATTN_LAYOUT_CONTIGUOUS,
-                                   [](int rank, ringattn_plan_desc_t &d) {
-                                       if (rank == 1) d.num_heads = -1;
-                                   });
-    CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
+    RunOptions opt;
+    opt.desc_hook = [](int rank, ringattn_plan_desc_t &d) {
+        if (rank == 1) d.num_heads = -1;
+    };
+    CHECK(ringtest::run(pb, 3, RINGATTN_LAYOUT_CONTIGUOUS, opt).status ==
+          RINGATTN_ERR_INVALID_ARGUMENT);
 }
 
 TEST_CASE("a bad tensor on one rank fails the call on every rank, quickly; the plan stays usable", "[ring]")
 {
     // Without the call's agreement the other ranks would wait for the bad rank until the comm
     // deadline (60 s by default), and its next call could meet their messages.
-    Problem pb;
-    pb.cu = {0, 50, 96};
-    pb.causal = 1;
-    pb.key_bias_heads = 2;
-    pb.keep_k = 7;
-    pb.fill(11);
-    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
-    REQUIRE(single.status == RINGATTN_SUCCESS);
-    static const std::vector<float> nans(4096, NAN);
+    AttnConfig c = with_bias(ratest::ring_batch({"causal", 1, -1, -1}), 2, 7);
+    c.cu_q = {0, 50, 96};
+    const Problem pb = ratest::packed_problem(c, 11);
+    const ratest::Spec9 judge = ringtest::judge_of(pb);
+    static ratest::Mirrored<float> nans; // the backend's copy of a NaN bias
+    nans.host.assign(4096, NAN);
+    const float *nan_bias = nans.bind();
     const char *what[] = {"q NULL", "lse NULL", "struct_size 0", "bias NaN"};
     for (int bad_rank : {0, 2})
         for (int kind = 0; kind < 4; ++kind) {
             INFO("bad rank " << bad_rank << ": " << what[kind]);
-            Problem e = pb;
-            e.edit_first_call = [=](int rank, ringattn_tensors_t &t) {
+            RunOptions opt;
+            opt.edit_first_call = [=](int rank, ringattn_tensors_t &t) {
                 if (rank != bad_rank) return;
                 if (kind == 0) t.q.data = nullptr;
                 if (kind == 1) t.lse = nullptr;
                 if (kind == 2) t.struct_size = 0;
-                if (kind == 3) t.key_bias = nans.data();
+                if (kind == 3) t.key_bias = nan_bias;
             };
             const auto t0 = std::chrono::steady_clock::now();
-            const Result r = ringtest::run(e, 4, RINGATTN_LAYOUT_CONTIGUOUS);
+            const Result r = ringtest::run(pb, 4, RINGATTN_LAYOUT_CONTIGUOUS, opt);
             CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
             for (int rank = 0; rank < 4; ++rank) {
                 INFO("rank " << rank);
                 CHECK(r.edited_status[(size_t)rank] == RINGATTN_ERR_INVALID_ARGUMENT);
             }
             // the real calls that follow on the same plans are right
-            REQUIRE(r.status == RINGATTN_SUCCESS);
-            check_same(r, single, RINGATTN_FLOAT32, ringtest::magnitude_floors(pb));
+            ringtest::check_result(r, judge, pb, "after the refused call");
         }
 }
 
-TEST_CASE("ring with a key bias and top-k equals the single-rank plan", "[ring][dynamic]")
+TEST_CASE("ring with a key bias and top-k is within SPEC 9 of the oracle", "[ring][dynamic]")
 {
     // H = 4, H_kv = 2: H_b cycles through 1, H_kv = 2 and H = 4. keep_k: none, 1, 3, more than
     // every sequence. The narrow window masks whole shards at larger N. Half the problems (each
-    // keep_k with half the masks) have tied biases. Gradients that cancel (keep_k = 1: one key per row) are compared above the
-    // oracle's magnitude floor (compare.hpp).
-    const Mask masks[] = {{"none", 0, -1, -1},       {"causal", 1, -1, -1},
-                          {"window narrow", 1, 5, 0}, {"band both sides", 0, 7, 3},
-                          {"causal+window", 1, 25, -1}};
+    // keep_k with half the masks) have tied biases.
+    const Mask masks[] = {ratest::ring_masks[0], ratest::ring_masks[1], ratest::ring_masks[3],
+                          ratest::ring_masks[4], ratest::ring_masks[5]};
     const int hbs[] = {1, 2, 4};
     int idx = 0;
     for (const Mask &m : masks)
         for (int keep : {0, 1, 3, 1000}) {
-            Problem pb = ragged_batch(m);
-            pb.key_bias_heads = hbs[idx % 3];
-            pb.keep_k = keep;
-            pb.fill(1000 + (uint64_t)idx);
-            if ((idx + idx / 4) % 2 == 1) pb.quantize_bias();
+            Problem pb = ratest::packed_problem(with_bias(ratest::ring_batch(m), hbs[idx % 3], keep),
+                                                1000 + (uint64_t)idx);
+            if ((idx + idx / 4) % 2 == 1) pb.set_bias(ratest::quantized(pb.cfg.bias));
             ++idx;
-            INFO("mask " << m.name << ", H_b " << pb.key_bias_heads << ", keep_k " << keep);
-            check_ring_equals_single(pb, {1, 2, 3, 4, 5, 6, 7, 8}, ringtest::magnitude_floors(pb));
+            INFO("mask " << m.name << ", H_b " << pb.cfg.key_bias_heads << ", keep_k " << keep);
+            check_ring(pb, {1, 2, 3, 4, 5, 6, 7, 8});
         }
 }
 
 TEST_CASE("ring with a key bias and top-k in bfloat16", "[ring][dynamic]")
 {
     int idx = 0;
-    for (const Mask &m : {Mask{"causal", 1, -1, -1}, Mask{"window narrow", 1, 5, 0}})
+    for (const Mask &m : {ratest::ring_masks[1], ratest::ring_masks[3]})
         for (int keep : {0, 3}) {
-            Problem pb = ragged_batch(m);
-            pb.dtype = RINGATTN_BFLOAT16;
-            pb.key_bias_heads = idx % 2 ? 2 : 4;
-            pb.keep_k = keep;
-            pb.fill(2000 + (uint64_t)idx++);
+            const AttnConfig c =
+                with_bias(ratest::ring_batch(m, RINGATTN_BFLOAT16), idx % 2 ? 2 : 4, keep);
+            const Problem pb = ratest::packed_problem(c, 2000 + (uint64_t)idx++);
             INFO("mask " << m.name << ", keep_k " << keep);
-            check_ring_equals_single(pb, {2, 3, 5, 8}, ringtest::magnitude_floors(pb));
+            check_ring(pb, {2, 3, 5, 8});
         }
 }
 
@@ -223,76 +184,60 @@ TEST_CASE("ring top-k is global: a row's top keys all live on other ranks' shard
     // without selection differs by more than 1%). Variant 2 (causal): every bias equal (signed
     // zeros), so the tie rule keeps tokens 0..4 in every row, wherever the layout puts them.
     for (int variant = 0; variant < 3; ++variant) {
-        Problem pb;
-        pb.cu = {0, 160};
-        pb.causal = variant != 0;
-        pb.key_bias_heads = variant == 1 ? 4 : variant == 2 ? 2 : 1;
-        pb.keep_k = 5;
-        pb.bias_sigma = 0.5f;
-        pb.fill(3000 + (uint64_t)variant);
+        AttnConfig c = with_bias(ratest::ring_batch({"none", 0, -1, -1}),
+                                 variant == 1 ? 4 : variant == 2 ? 2 : 1, 5);
+        c.cu_q = {0, 160};
+        c.causal = variant != 0;
+        Problem pb = ratest::packed_problem(c, 3000 + (uint64_t)variant, 0.5);
+        std::vector<double> b = pb.cfg.bias;
         const int first = variant ? 0 : 150;
-        for (int hb = 0; hb < pb.key_bias_heads; ++hb)
-            for (int i = 0; i < 5; ++i) pb.bias[(size_t)(hb * 160 + first + i)] = 2.0f + 0.1f * (float)i;
+        for (int hb = 0; hb < c.key_bias_heads; ++hb)
+            for (int i = 0; i < 5; ++i) b[(size_t)(hb * 160 + first + i)] = 2.0 + 0.1 * i;
         if (variant == 2) // all equal: +0.0 and -0.0 alternate (equal floats, different bits)
-            for (size_t i = 0; i < pb.bias.size(); ++i) pb.bias[i] = i % 3 ? 0.0f : -0.0f;
+            for (size_t i = 0; i < b.size(); ++i) b[i] = i % 3 ? 0.0 : -0.0;
+        pb.set_bias(b);
+        const ratest::Spec9 judge = ringtest::judge_of(pb);
         const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
-        REQUIRE(single.status == RINGATTN_SUCCESS);
-        CHECK(o_vs_oracle(pb, single) <= 1e-5);
-        Problem all = pb;
+        ringtest::check_result(single, judge, pb, "single rank");
+        AttnConfig all = pb.cfg;
         all.keep_k = 0;
-        CHECK(o_vs_oracle(all, single) > 1e-2); // the selection matters
-        const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+        CHECK(ringtest::o_error(all, pb, single) > 1e-2); // the selection matters
         for (ringattn_layout_t layout : all_layouts)
             for (int ranks : {2, 3, 4, 8}) {
-                INFO("variant " << variant << ", layout " << layout << ", ranks " << ranks);
-                const Result r = ringtest::run(pb, ranks, layout);
-                check_same(r, single, RINGATTN_FLOAT32, fl);
-                if (r.status == RINGATTN_SUCCESS) CHECK(o_vs_oracle(pb, r) <= 1e-5);
+                const std::string label = "variant " + std::to_string(variant) + ", layout " +
+                                          std::to_string(layout) + ", ranks " + std::to_string(ranks);
+                ringtest::check_result(ringtest::run(pb, ranks, layout), judge, pb, label);
             }
     }
 }
 
 TEST_CASE("ring with a key bias, softcap, ALiBi, MQA and D_v != D", "[ring][dynamic]")
 {
-    Problem pb = softcap_alibi_mqa();
-    pb.key_bias_heads = 1; // = H_kv
-    pb.keep_k = 9;
-    pb.fill(78);
-    check_ring_equals_single(pb, {2, 3, 5}, ringtest::magnitude_floors(pb));
+    const AttnConfig c = with_bias(ratest::ring_softcap_alibi_mqa(), 1, 9); // H_b = H_kv
+    check_ring(ratest::packed_problem(c, 78), {2, 3, 5});
 }
 
 TEST_CASE("ring with a key bias but dBias not wanted (NULL)", "[ring][dynamic]")
 {
-    // dQ, dK, dV as with dBias requested (and as the single-rank plan without it).
-    Problem pb;
-    pb.cu = {0, 97, 98, 101, 101, 160};
-    pb.causal = 1;
-    pb.wl = 40;
-    pb.key_bias_heads = 4;
-    pb.keep_k = 11;
-    pb.fill(79);
-    Problem nodb = pb;
-    nodb.want_dbias = false;
-    const Result single = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS);
-    const ringtest::GradFloors fl = ringtest::magnitude_floors(pb);
+    // dQ, dK, dV as with dBias requested; dBias itself stays unwritten.
+    AttnConfig c = with_bias(ratest::ring_batch({"causal+window", 1, 40, -1}), 4, 11);
+    Problem pb = ratest::packed_problem(c, 79);
+    pb.want_dbias = false;
+    const ratest::Spec9 judge = ringtest::judge_of(pb);
     for (int ranks : {1, 3, 4})
         for (ringattn_layout_t layout : all_layouts) {
-            INFO("ranks " << ranks << ", layout " << layout);
-            Result r = ringtest::run(nodb, ranks, layout);
+            const Result r = ringtest::run(pb, ranks, layout);
             CHECK(r.dbias.empty());
-            r.dbias = single.dbias; // nothing to compare there
-            check_same(r, single, RINGATTN_FLOAT32, fl);
+            ringtest::check_result(r, judge, pb,
+                                   "ranks " + std::to_string(ranks) + ", layout " + std::to_string(layout));
         }
 }
 
 TEST_CASE("ring with dynamic masks is bitwise repeatable", "[ring][dynamic]")
 {
-    Problem pb;
-    pb.cu = {0, 50, 123};
-    pb.causal = 1;
-    pb.key_bias_heads = 2;
-    pb.keep_k = 7;
-    pb.fill(6);
+    AttnConfig c = with_bias(ratest::ring_batch({"causal", 1, -1, -1}), 2, 7);
+    c.cu_q = {0, 50, 123};
+    const Problem pb = ratest::packed_problem(c, 6);
     const Result a = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
     const Result b = ringtest::run(pb, 3, RINGATTN_LAYOUT_ZIGZAG);
     REQUIRE(a.status == RINGATTN_SUCCESS);
@@ -302,15 +247,51 @@ TEST_CASE("ring with dynamic masks is bitwise repeatable", "[ring][dynamic]")
 
 TEST_CASE("ring: key_bias_heads or keep_k differing on one rank fails on every rank", "[ring][dynamic]")
 {
-    Problem pb;
-    pb.cu = {0, 64};
-    pb.key_bias_heads = 2;
-    pb.keep_k = 3;
-    pb.fill(10);
+    AttnConfig c = with_bias(ratest::ring_batch({"none", 0, -1, -1}), 2, 3);
+    c.cu_q = {0, 64};
+    const Problem pb = ratest::packed_problem(c, 10);
     const std::function<void(int, ringattn_plan_desc_t &)> hooks[] = {
         [](int rank, ringattn_plan_desc_t &d) { if (rank == 1) d.keep_k = 4; },
         [](int rank, ringattn_plan_desc_t &d) { if (rank == 2) d.key_bias_heads = 1; },
         [](int rank, ringattn_plan_desc_t &d) { if (rank == 0) d.keep_k = 0; },
     };
     for (const auto &hook : hooks) check_mismatch_fails_quickly(pb, 3, hook);
+}
+
+TEST_CASE("ring: SPEC 10 cases 11 and 12, rows whose LSE is lossy, recomputed across the ring", "[ring][spec]")
+{
+    // Case 11: a key bias of -1e30 on every key (each row's softmax exactly uniform, its LSE
+    // -1e30 without log(l)). Case 12: q and k entries of +-2^63 with scale 2^-7 (the unscaled
+    // sums overflow; the scaled ones are exact), every key with the same signs. Each rank's
+    // lossy rows get their max and sum from a stats pass around the ring; the plain limits
+    // apply (the logits are exact in both).
+    for (int which = 11; which <= 12; ++which) {
+        AttnConfig c = ratest::ring_batch({"causal", 1, -1, -1});
+        c.cu_q = {0, 100, 131};
+        if (which == 11) {
+            c.key_bias_heads = 1;
+            c.bias.assign(131, -1e30);
+        } else {
+            c.scale = 0.0078125f;
+        }
+        Problem pb = ratest::packed_problem(c, 5000 + (uint64_t)which);
+        if (which == 12) {
+            std::mt19937_64 rng(5012);
+            const double x = std::ldexp(1.0, 63);
+            std::vector<int> signs((size_t)c.D);
+            for (int &sgn : signs) sgn = rng() % 2 ? 1 : -1;
+            for (int64_t t = 0; t < c.Tq(); ++t)
+                for (int cc = 0; cc < c.D; ++cc) {
+                    for (int h = 0; h < c.H; ++h) pb.q.set(t, h, cc, rng() % 2 ? x : -x);
+                    for (int h = 0; h < c.hkv(); ++h) pb.k.set(t, h, cc, signs[(size_t)cc] * x);
+                }
+        }
+        const ratest::Spec9 judge = ringtest::judge_of(pb);
+        for (ringattn_layout_t layout : all_layouts)
+            for (int ranks : {0, 2, 3, 4}) {
+                const std::string label = "case " + std::to_string(which) + ", layout " +
+                                          std::to_string(layout) + ", ranks " + std::to_string(ranks);
+                ringtest::check_result(ringtest::run(pb, ranks, layout), judge, pb, label, true);
+            }
+    }
 }

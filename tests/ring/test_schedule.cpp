@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ringattn.h"
+#include "support/device.hpp"
 
 namespace {
 
@@ -27,6 +28,7 @@ std::vector<RankView> plan_all(int P, ringattn_layout_t layout, const std::vecto
     for (int r = 0; r < P; ++r)
         threads.emplace_back([&, r] {
             ringattn_plan_desc_t d = RINGATTN_PLAN_DESC_INIT;
+            d.backend = ratest::test_backend();
             d.num_heads = 4;
             d.num_kv_heads = 2;
             d.head_dim = 16;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/shim.hpp"
+#include "support/spec9.hpp"
 
 namespace ratest {
 
@@ -63,34 +64,88 @@ inline void set_random_logit_options(AttnConfig &c, std::mt19937_64 &rng)
     if (rng() % 3 == 0) c.scale = (float)(pick(rng, {3, 7, 13}) / 10.0);
 }
 
-// Mask kinds; each test file lists the ones it iterates over (the dynamic mask tests use the
-// first four).
-enum class Mask { None, Causal, Window, CausalWindow, HugeWindow, Narrow };
+// One mask type for every test: SPEC 3's causal flag and window sides (-1 = unbounded).
+struct Mask {
+    const char *name;
+    int causal, wl, wr;
+};
 
-inline void set_mask(AttnConfig &c, Mask m, std::mt19937_64 &rng)
+inline void apply(AttnConfig &c, const Mask &m)
 {
-    c.causal = false;
-    c.wl = c.wr = -1;
-    switch (m) {
-    case Mask::None: break;
-    case Mask::Causal: c.causal = true; break;
-    case Mask::Window: // two-sided, sometimes one side unbounded
-        c.wl = pick(rng, {-1, 0, 3, 17, 40});
-        c.wr = pick(rng, {0, 2, 9, 33});
+    c.causal = m.causal != 0;
+    c.wl = m.wl;
+    c.wr = m.wr;
+}
+
+// Families the unit tests draw masks from; each test file lists the ones it iterates over (the
+// dynamic mask tests use the first four).
+enum class MaskKind { None, Causal, Window, CausalWindow, HugeWindow, Narrow };
+
+// Draws a mask of kind k, applies it to c and returns it.
+inline Mask set_mask(AttnConfig &c, MaskKind k, std::mt19937_64 &rng)
+{
+    Mask m{"none", 0, -1, -1};
+    switch (k) {
+    case MaskKind::None: break;
+    case MaskKind::Causal: m = {"causal", 1, -1, -1}; break;
+    case MaskKind::Window: // two-sided, sometimes one side unbounded
+        m = {"window", 0, pick(rng, {-1, 0, 3, 17, 40}), pick(rng, {0, 2, 9, 33})};
         break;
-    case Mask::CausalWindow:
-        c.causal = true;
-        c.wl = pick(rng, {0, 1, 9, 31});
+    case MaskKind::CausalWindow: m = {"causal window", 1, pick(rng, {0, 1, 9, 31}), -1}; break;
+    case MaskKind::HugeWindow: // >= every length: same as unbounded
+        m = {"huge window", 0, pick(rng, {1000, 100000}), pick(rng, {-1, 1000, 2147483647})};
         break;
-    case Mask::HugeWindow: // >= every length: same as unbounded
-        c.wl = pick(rng, {1000, 100000});
-        c.wr = pick(rng, {-1, 1000, 2147483647});
-        break;
-    case Mask::Narrow: // (0, 0): each query sees only its aligned key (none when delta < 0)
-        c.wl = 0;
-        c.wr = 0;
+    case MaskKind::Narrow: // (0, 0): each query sees only its aligned key (none when delta < 0)
+        m = {"narrow", 0, 0, 0};
         break;
     }
+    apply(c, m);
+    return m;
+}
+
+// The ring tests' catalogue (threads and MPI). Masks against shards of about 160 / P tokens:
+// a window wider than a shard, one so narrow that whole shards are masked, both sides.
+inline const Mask ring_masks[] = {{"none", 0, -1, -1},          {"causal", 1, -1, -1},
+                                  {"window wide", 1, 60, 0},    {"window narrow", 1, 5, 0},
+                                  {"band both sides", 0, 7, 3}, {"causal+window", 1, 25, -1}};
+
+// The ring tests' batch under mask m: ragged lengths 97, 1, 3, 0, 59 (sequences shorter than
+// P, one empty), H = 4 on H_kv = 2, D = 32; small tiles (16 x 24) so that a shard has many;
+// one thread per rank.
+inline AttnConfig ring_batch(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT32)
+{
+    AttnConfig c;
+    c.H = 4;
+    c.Hkv = 2;
+    c.D = 32;
+    c.dtype = dt;
+    c.cu_q = {0, 97, 98, 101, 101, 160};
+    c.block_q = 16;
+    c.block_k = 24;
+    c.num_threads = 1;
+    apply(c, m);
+    return c;
+}
+
+// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
+inline AttnConfig ring_softcap_alibi_mqa()
+{
+    AttnConfig c = ring_batch({"causal+window", 1, 30, -1});
+    c.Hkv = 1;
+    c.D = 40;
+    c.Dv = 24;
+    c.cu_q = {0, 70, 131};
+    c.softcap = 5.0f;
+    c.alibi = {0.5f, 0.25f, 0.125f, 0.0625f};
+    return c;
+}
+
+// A problem with packed inputs (the ring harness reads them row by row), drawn from seed; its
+// bias, when c has one and does not give it, from N(0, sigma_bias).
+inline Problem packed_problem(const AttnConfig &c, uint64_t seed, double sigma_bias = 1.0)
+{
+    std::mt19937_64 rng(seed);
+    return Problem(c, Storage::Packed, rng, 1.0, sigma_bias);
 }
 
 // The masks of the "rows with no allowed key" cases, for a first sequence of 60 queries and 30

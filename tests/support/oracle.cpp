@@ -82,6 +82,11 @@ void logit(const AttnConfig &cfg, const R *q, const R *k, int h, int64_t p, int6
     R dot = 0;
     for (int c = 0; c < cfg.D; ++c) dot += q[c] * k[c];
     z_raw = scale * dot;
+    if (!std::isfinite(dot)) { // SPEC 9: the scale goes first where the sum would overflow
+        dot = 0;
+        for (int c = 0; c < cfg.D; ++c) dot += (scale * q[c]) * k[c];
+        z_raw = dot;
+    }
     R z = z_raw;
     if (cfg.softcap > 0) {
         const R cap = (R)cfg.softcap;
@@ -123,9 +128,10 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
     std::vector<int64_t> order;
     FwdResult r;
     r.O = Dense(Tq, H, Dv);
+    r.O_mag = Dense(Tq, H, Dv);
     r.lse.assign((size_t)(H * Tq), NEG_INF);
     const std::vector<int32_t> &cuk = cfg.cuk();
-    std::vector<R> s, acc((size_t)Dv);
+    std::vector<R> s, acc((size_t)Dv), mag((size_t)Dv);
     for (int sq = 0; sq < cfg.num_seqs(); ++sq) {
         const int64_t q0 = cfg.cu_q[sq], Lq = cfg.cu_q[sq + 1] - q0;
         const int64_t k0 = cuk[sq], Lk = cuk[sq + 1] - k0, delta = Lk - Lq;
@@ -142,9 +148,13 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     if (keys && !(*keys)[(size_t)j]) continue;
-                    if (!keep[(size_t)(pj - lo)]) continue;
                     R zr, sv;
                     logit_b<R>(cfg, q, &K[(size_t)((j * Hkv + hk) * D)], h, p, delta, pj, j, scale, zr, sv);
+                    // SPEC 9's S: over the pairs SPEC 3 allows, whether SPEC 6 keeps them or not
+                    // (their logits are computed all the same), finite ones (-inf: a key no row uses)
+                    if (std::isfinite((double)sv))
+                        r.max_logit = std::max(r.max_logit, std::fabs((double)sv));
+                    if (!keep[(size_t)(pj - lo)]) continue;
                     s[(size_t)(pj - lo)] = sv;
                     m = any ? std::max(m, sv) : sv;
                     any = true;
@@ -152,6 +162,7 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 if (!any) continue; // O stays 0, LSE -inf
                 R l = 0;
                 std::fill(acc.begin(), acc.end(), (R)0);
+                std::fill(mag.begin(), mag.end(), (R)0);
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     if (keys && !(*keys)[(size_t)j]) continue;
@@ -159,11 +170,15 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                     const R pr = std::exp(s[(size_t)(pj - lo)] - m);
                     l += pr;
                     const R *v = &V[(size_t)((j * Hkv + hk) * Dv)];
-                    for (int c = 0; c < Dv; ++c) acc[(size_t)c] += pr * v[c];
+                    for (int c = 0; c < Dv; ++c) {
+                        acc[(size_t)c] += pr * v[c];
+                        mag[(size_t)c] += pr * std::fabs(v[c]);
+                    }
                 }
                 for (int c = 0; c < Dv; ++c) {
                     R o = acc[(size_t)c] / l;
                     r.O.at(q0 + p, h, c) = round_out ? round_to_dtype((double)o, cfg.dtype) : (double)o;
+                    r.O_mag.at(q0 + p, h, c) = (double)(mag[(size_t)c] / l);
                 }
                 r.lse[(size_t)(h * Tq + q0 + p)] = (double)(m + std::log(l));
             }
@@ -208,6 +223,25 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 R Di = 0;
                 for (int c = 0; c < Dv; ++c)
                     Di += magnitude ? std::fabs(dO[oi + c] * O[oi + c]) : dO[oi + c] * O[oi + c];
+                // P = exp(s - shift) / sum. The plain implementation uses its stored LSE (shift =
+                // LSE, sum = 1), as SPEC 9 defines it; the oracle the row's own max and sum, which
+                // stay exact where LSE = m + log(l) has lost log(l) (logits all near -1e30: even
+                // float64's LSE loses it there).
+                R shift = lse, sum = 1;
+                if (!round_out) {
+                    shift = -std::numeric_limits<R>::infinity();
+                    sum = 0;
+                    for (int pass = 0; pass < 2; ++pass)
+                        for (int64_t pj = lo; pj <= hi; ++pj) {
+                            if (!keep[(size_t)(pj - lo)]) continue;
+                            const int64_t j = k0 + pj;
+                            R zr, sv;
+                            logit_b<R>(cfg, &Q[qi], &K[(size_t)((j * Hkv + hk) * D)], h, p, delta,
+                                       pj, j, scale, zr, sv);
+                            if (pass == 0) shift = std::max(shift, sv);
+                            else sum += std::exp(sv - shift);
+                        }
+                }
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     const size_t ki = (size_t)((j * Hkv + hk) * D);
@@ -215,7 +249,7 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                     if (!keep[(size_t)(pj - lo)]) continue; // not selected: P = 0
                     R zr, sv;
                     logit_b<R>(cfg, &Q[qi], &K[ki], h, p, delta, pj, j, scale, zr, sv);
-                    const R P = std::exp(sv - lse);
+                    const R P = std::exp(sv - shift) / sum;
                     R dP = 0;
                     if (magnitude) { // the same sums over |terms| (see oracle.hpp)
                         for (int c = 0; c < Dv; ++c) {
@@ -312,21 +346,6 @@ BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const
     return bwd_impl<double>(cfg, Q, K, V, O, lse, dO, false, true);
 }
 
-double grad_err(const Dense &got, const Dense &ref, const Dense &mag)
-{
-    double num = 0, den = 0, dm = 0;
-    for (size_t i = 0; i < ref.v.size(); ++i) {
-        const double d = got.v[i] - ref.v[i];
-        num += d * d;
-        den += ref.v[i] * ref.v[i];
-        dm += mag.v[i] * mag.v[i];
-    }
-    if (std::isnan(num)) return NAN;
-    den = std::max(std::sqrt(den), GRAD_MAG_FLOOR * std::sqrt(dm));
-    if (den == 0) return num == 0 ? 0.0 : INFINITY;
-    return std::sqrt(num) / den;
-}
-
 FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V)
 {
     FwdResult r = fwd_impl<float>(cfg, Q, K, V, nullptr, true);
@@ -365,17 +384,30 @@ double norm_rel_err(const Dense &got, const Dense &ref)
     return std::sqrt(num / den);
 }
 
-double lse_rel_err(const std::vector<double> &got, const std::vector<double> &ref)
+double spec_err(const Dense &got, const Dense &ref, const Dense &mag)
 {
-    double num = 0, den = 1;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        if (ref[i] == NEG_INF) continue;
-        double d = std::fabs(got[i] - ref[i]);
-        if (!(d <= num)) num = d;
-        den = std::max(den, std::fabs(ref[i]));
+    double num = 0, den = 0, dm = 0;
+    for (size_t i = 0; i < ref.v.size(); ++i) {
+        const double d = std::fabs(got.v[i] - ref.v[i]);
+        if (!(d <= num)) num = d; // propagates NaN
+        den = std::max(den, std::fabs(ref.v[i]));
+        dm = std::max(dm, std::fabs(mag.v[i]));
     }
     if (std::isnan(num)) return NAN;
+    den = std::max(den, 0.1 * dm);
+    if (den == 0) return num == 0 ? 0.0 : INFINITY;
     return num / den;
+}
+
+double spec_lse_err(const std::vector<double> &got, const std::vector<double> &ref)
+{
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(ref[i])) continue;
+        const double e = std::fabs(got[i] - ref[i]) / std::max(1.0, std::fabs(ref[i]));
+        if (!(e <= worst)) worst = e; // propagates NaN
+    }
+    return worst;
 }
 
 } // namespace ratest

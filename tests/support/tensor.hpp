@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ringattn.h"
+#include "support/device.hpp"
 #include "support/half.hpp"
 
 namespace ratest {
@@ -32,12 +33,20 @@ struct Dense {
     double *row(int64_t t, int h) { return &v[(size_t)((t * heads + h) * dim)]; }
 };
 
+// Host bytes of dtype elements, and their copy for the backend under test (support/device.hpp).
 struct Buffer {
     ringattn_dtype_t dtype = RINGATTN_FLOAT32;
     std::vector<unsigned char> bytes;
     size_t elems = 0;
+    Mirror dev;
     Buffer(ringattn_dtype_t dt, size_t n);
     void *ptr(int64_t elem) { return bytes.data() + (size_t)elem * dtype_size(dtype); }
+    // The backend's copy of element elem onwards, written from the host bytes now.
+    void *device(int64_t elem)
+    {
+        return static_cast<unsigned char *>(dev.bind(bytes.data(), bytes.size())) +
+               (size_t)elem * dtype_size(dtype);
+    }
     void fill_nan();
 };
 
@@ -55,7 +64,8 @@ struct TView {
     void set(int64_t t, int h, int c, double x); // rounds to the buffer's dtype
     void set_nan(int64_t t, int h, int c);
     void poison();                              // every logical element := NaN
-    ringattn_tensor_t desc() const;
+    ringattn_tensor_t desc() const;      // the backend's copy (host memory for the CPU), bound now
+    ringattn_tensor_t host_desc() const; // the host bytes (host-memory APIs: merge, scatter)
     Dense to_dense() const;
     void from_dense(const Dense &d); // rounds
     bool any_nonfinite() const;

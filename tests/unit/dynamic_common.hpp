@@ -21,7 +21,7 @@ using namespace ratest;
 
 
 // The masks the dynamic tests cycle through (not HugeWindow or Narrow).
-const Mask all_masks[] = {Mask::None, Mask::Causal, Mask::Window, Mask::CausalWindow};
+const MaskKind all_masks[] = {MaskKind::None, MaskKind::Causal, MaskKind::Window, MaskKind::CausalWindow};
 
 // H_b for choice 0, 1, 2: 1, H_kv, H.
 inline int bias_heads(const AttnConfig &c, int choice) { return choice == 0 ? 1 : choice == 1 ? c.hkv() : c.H; }

@@ -195,7 +195,7 @@ TEST_CASE("SPEC 10 case 10: keep_k >= T_k is no selection, bitwise", "[dynamic][
 {
     int idx = 0;
     for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16})
-        for (Mask m : all_masks)
+        for (MaskKind m : all_masks)
             for (int hb = 0; hb < 3; ++hb) {
                 std::mt19937_64 rng(seed_for("case10-keepall", (uint64_t)idx++));
                 AttnConfig c;

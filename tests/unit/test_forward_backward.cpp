@@ -12,7 +12,7 @@ using namespace ratest;
 
 namespace {
 
-const Mask all_masks[] = {Mask::None, Mask::Causal, Mask::Window, Mask::CausalWindow, Mask::HugeWindow, Mask::Narrow};
+const MaskKind all_masks[] = {MaskKind::None, MaskKind::Causal, MaskKind::Window, MaskKind::CausalWindow, MaskKind::HugeWindow, MaskKind::Narrow};
 
 // Random problem; `maxlen` bounds each sequence's query length.
 AttnConfig random_config(std::mt19937_64 &rng, ringattn_dtype_t dt, int maxlen)
@@ -94,7 +94,7 @@ TEST_CASE("every dtype with every mask, softcap on and off", "[fwd][bwd][half]")
 {
     int idx = 0;
     for (ringattn_dtype_t dt : all_dtypes)
-        for (Mask m : all_masks)
+        for (MaskKind m : all_masks)
             for (bool cap : {false, true}) {
                 std::mt19937_64 rng(seed_for("fb-dtype-mask", (uint64_t)idx++));
                 AttnConfig c;
@@ -104,7 +104,7 @@ TEST_CASE("every dtype with every mask, softcap on and off", "[fwd][bwd][half]")
                 c.D = 64;
                 c.Dv = 48;
                 std::vector<int> lq = {1 + (int)(rng() % 90), 0, 1, 2 + (int)(rng() % 150)}, lk = lq;
-                if (m == Mask::Narrow) lk = {lq[0] / 2, 3, 0, std::max(0, lq[3] - 5)}; // fewer keys: empty rows
+                if (m == MaskKind::Narrow) lk = {lq[0] / 2, 3, 0, std::max(0, lq[3] - 5)}; // fewer keys: empty rows
                 c.cu_q = cu_from_lengths(lq);
                 c.cu_k = cu_from_lengths(lk);
                 set_mask(c, m, rng);
@@ -217,7 +217,7 @@ TEST_CASE("tile sizes 1, 7, 32, 64, 256, 512 and the default", "[fwd][bwd][block
             c.D = 16;
             c.Dv = 8;
             c.cu_q = cu_from_lengths({(int)(100 + rng() % 200), 1, (int)(rng() % 70)});
-            set_mask(c, (Mask)(idx % 5), rng);
+            set_mask(c, (MaskKind)(idx % 5), rng);
             c.block_q = bq;
             c.block_k = bk;
             run_case(c, Storage::Packed, rng);
@@ -238,7 +238,7 @@ TEST_CASE("one and two threads", "[fwd][bwd][threads]")
 TEST_CASE("separate cu_seqlens_k with more keys than queries (KV cache, bottom-right)", "[fwd][bwd][kv]")
 {
     int idx = 0;
-    for (Mask m : {Mask::None, Mask::Causal, Mask::CausalWindow, Mask::Window})
+    for (MaskKind m : {MaskKind::None, MaskKind::Causal, MaskKind::CausalWindow, MaskKind::Window})
         for (int rep = 0; rep < 2; ++rep) {
             std::mt19937_64 rng(seed_for("fb-kvcache", (uint64_t)idx++));
             AttnConfig c;
@@ -351,7 +351,7 @@ TEST_CASE("sequences longer than the default tile", "[fwd][bwd][blocks]")
     // The default tiles are large (hundreds of rows): these lengths make the default tiling
     // itself cut sequences into several ragged tiles.
     int idx = 0;
-    for (Mask m : all_masks)
+    for (MaskKind m : all_masks)
         for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16}) {
             std::mt19937_64 rng(seed_for("fb-long", (uint64_t)idx++));
             AttnConfig c;
@@ -361,8 +361,8 @@ TEST_CASE("sequences longer than the default tile", "[fwd][bwd][blocks]")
             c.D = 32;
             c.Dv = 16;
             std::vector<int> lq = {300 + (int)(rng() % 420), 1 + (int)(rng() % 40)}, lk = lq;
-            if (m == Mask::Narrow) lk[0] -= 37;
-            if (m == Mask::Causal) lk[1] += 500;
+            if (m == MaskKind::Narrow) lk[0] -= 37;
+            if (m == MaskKind::Causal) lk[1] += 500;
             c.cu_q = cu_from_lengths(lq);
             c.cu_k = cu_from_lengths(lk);
             set_mask(c, m, rng);

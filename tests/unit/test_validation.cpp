@@ -263,6 +263,7 @@ TEST_CASE("forward and backward reject bad tensors and leave every output untouc
             cc.edit(t);
             const ringattn_status_t st = pass ? ringattn_backward(f.plan.get(), &t, nullptr)
                                               : ringattn_forward(f.plan.get(), &t, nullptr);
+            f.pb.from_device();
             INFO(fn << ", " << cc.what << ": got " << ringattn_status_string(st) << " \""
                     << ringattn_last_error() << "\"");
             if (pass == 1 && std::strstr(cc.what, "o rows")) {
@@ -289,6 +290,7 @@ TEST_CASE("forward and backward reject bad tensors and leave every output untouc
         ringattn_tensors_t t = f.pb.tensors();
         cc.edit(t);
         const ringattn_status_t st = ringattn_backward(f.plan.get(), &t, nullptr);
+        f.pb.from_device();
         INFO("backward, " << cc.what << ": got " << ringattn_status_string(st) << " \""
                           << ringattn_last_error() << "\"");
         CHECK(st == cc.expect);
@@ -422,10 +424,8 @@ TEST_CASE("dynamic masks: a NULL key_bias, or a NaN or +inf in it, is refused, o
                 Plan plan(b.cfg);
                 INFO("plan_create: " << ringattn_last_error());
                 REQUIRE(plan.ok());
-                if (pass) { // a valid forward first: the backward needs O and LSE
-                    ringattn_tensors_t t = pb.tensors();
-                    REQUIRE(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_SUCCESS);
-                }
+                if (pass) // a valid forward first: the backward needs O and LSE
+                    REQUIRE(run_forward(plan, pb) == RINGATTN_SUCCESS);
                 for (TView *t : {&pb.dq, &pb.dk, &pb.dv})
                     for (int64_t r = 0; r < t->T; ++r)
                         for (int h = 0; h < t->heads; ++h)
@@ -437,13 +437,15 @@ TEST_CASE("dynamic masks: a NULL key_bias, or a NaN or +inf in it, is refused, o
                                                  dk0 = pb.dk.buf->bytes, dv0 = pb.dv.buf->bytes;
                 const std::vector<float> lse0 = pb.lse, db0 = pb.dbias_buf;
                 ringattn_tensors_t t = pb.tensors();
-                std::vector<float> poisoned = pb.bias_buf;
-                const size_t at = (size_t)(rng() % poisoned.size());
-                poisoned[at] = bad_values[bad];
-                t.key_bias = bad ? poisoned.data() : nullptr;
+                Mirrored<float> poisoned;
+                poisoned.host = pb.bias_buf;
+                const size_t at = (size_t)(rng() % pb.bias_elems());
+                poisoned.host[at] = bad_values[bad];
+                t.key_bias = bad ? poisoned.bind() : nullptr;
                 if (!with_dbias) t.dbias = nullptr;
                 const ringattn_status_t st = pass ? ringattn_backward(plan.get(), &t, nullptr)
                                                   : ringattn_forward(plan.get(), &t, nullptr);
+                pb.from_device();
                 INFO(fn << ", bad " << bad << ", dbias " << (with_dbias ? "given" : "NULL") << ": got "
                         << ringattn_status_string(st) << " \"" << ringattn_last_error() << "\"");
                 CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
@@ -461,7 +463,7 @@ TEST_CASE("dynamic masks: a NULL key_bias, or a NaN or +inf in it, is refused, o
                 CHECK(std::memcmp(pb.lse.data(), lse0.data(), lse0.size() * sizeof(float)) == 0);
                 CHECK(std::memcmp(pb.dbias_buf.data(), db0.data(), db0.size() * sizeof(float)) == 0);
                 // the same call with the bias given succeeds (the NULL is what was refused)
-                t.key_bias = pb.bias_buf.data();
+                t.key_bias = pb.bias_device();
                 CHECK((pass ? ringattn_backward(plan.get(), &t, nullptr) : ringattn_forward(plan.get(), &t, nullptr)) ==
                       RINGATTN_SUCCESS);
             }

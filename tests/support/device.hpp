@@ -1,0 +1,56 @@
+// The backend under test and the memory it reads and writes. RATEST_BACKEND (cpu, cuda; ctest
+// sets it per registration, default cpu) picks the backend every test's plans ask for. The
+// CPU backend reads the tests' host tensors in place; a device backend gets a device copy of
+// each, made before a call and read back after it (Mirror), so every case runs unchanged on
+// every backend.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ringattn.h"
+
+namespace ratest {
+
+ringattn_backend_t test_backend();
+const char *test_backend_name();
+
+// Device memory of the backend under test; is_host(): the tests' host memory is the device's.
+class DeviceMemory {
+  public:
+    virtual ~DeviceMemory() = default;
+    virtual bool is_host() const = 0;
+    virtual void *alloc(size_t bytes) = 0;
+    virtual void release(void *p) = 0;
+    virtual void upload(void *dev, const void *host, size_t bytes) = 0;
+    virtual void download(void *host, const void *dev, size_t bytes) = 0;
+};
+
+DeviceMemory &device_memory(); // of test_backend()
+
+// The backend's copy of a host range: the host range itself on a host backend.
+class Mirror {
+  public:
+    Mirror() = default;
+    Mirror(const Mirror &) {} // a copy mirrors nothing until bound
+    Mirror &operator=(const Mirror &) { return *this; }
+    ~Mirror();
+    // The copy of [host, host + bytes), written from it now.
+    void *bind(void *host, size_t bytes);
+    // The copy's bytes back into the host range bound last.
+    void download();
+
+  private:
+    void *host_ = nullptr, *dev_ = nullptr;
+    size_t bytes_ = 0, capacity_ = 0;
+};
+
+// A host vector with its mirror (LSE, bias, dBias arrays).
+template <class T>
+struct Mirrored {
+    std::vector<T> host;
+    Mirror dev;
+    T *bind() { return static_cast<T *>(dev.bind(host.data(), host.size() * sizeof(T))); }
+};
+
+} // namespace ratest
