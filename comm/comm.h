@@ -30,16 +30,19 @@ typedef struct ra_msg {
 
 /*
  * One batched exchange. The caller fills send[] and recv[]: send slot i goes to its peer, which
- * receives it in its recv slot i. Buffers stay the caller's until exchange_wait returns. The
- * rest belongs to the transport.
+ * receives it in its recv slot i. Buffers, and the exchange itself, stay the caller's until
+ * exchange_wait returns. The rest belongs to the transport (which may clear slots as their
+ * messages complete): its per-exchange state lives in `impl`, so that starting an exchange
+ * allocates nothing.
  */
+#define RA_EXCHANGE_IMPL_BYTES 160
+
 typedef struct ra_exchange {
     ra_msg send[RA_EXCHANGE_SLOTS], recv[RA_EXCHANGE_SLOTS];
     ringattn_comm_t comm;
     void *stream; /* host transports: the ra_host_stream it is attached to, or NULL */
     int tag;      /* slot i uses tag + i */
-    int64_t req[2 * RA_EXCHANGE_SLOTS];
-    void *posts[RA_EXCHANGE_SLOTS];
+    _Alignas(16) unsigned char impl[RA_EXCHANGE_IMPL_BYTES];
 } ra_exchange;
 
 struct ra_comm_ops {

@@ -29,10 +29,10 @@ static ringattn_status_t mpi_error(const char *what, int rc)
     return ra__fail(RINGATTN_ERR_COMM, "ringattn comm mpi: %s: %s", what, msg);
 }
 
-/* The MPI_Requests of an exchange live in its req[] slots (MPI_Request is an int or a pointer,
-   both fit in int64): sends first, then receives. */
-_Static_assert(sizeof(MPI_Request) <= sizeof(int64_t), "an MPI_Request fits an int64 slot");
-static MPI_Request *reqs(ra_exchange *x) { return (MPI_Request *)(void *)x->req; }
+/* The MPI_Requests of an exchange live in its impl bytes: sends first, then receives. */
+_Static_assert(2 * RA_EXCHANGE_SLOTS * sizeof(MPI_Request) <= RA_EXCHANGE_IMPL_BYTES,
+               "an exchange's MPI_Requests fit its impl bytes");
+static MPI_Request *reqs(ra_exchange *x) { return (MPI_Request *)(void *)x->impl; }
 
 static ringattn_status_t mpi_test(ringattn_comm_t c, ra_exchange *x, int *done)
 {

@@ -16,12 +16,18 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 
+/* A message on offer: one per send slot, in its exchange's impl bytes (it lives until the
+   sender's wait returns, which unlinks it). */
 typedef struct post {
-    int src, dst, tag, consumed;
+    int src, dst, tag, consumed, live;
     const void *buf;
     size_t bytes;
     struct post *next;
 } post;
+
+_Static_assert(RA_EXCHANGE_SLOTS * sizeof(post) <= RA_EXCHANGE_IMPL_BYTES,
+               "an exchange's posts fit its impl bytes");
+static post *posts_of(ra_exchange *x) { return (post *)(void *)x->impl; }
 
 typedef struct hub {
     pthread_mutex_t mu;
@@ -50,7 +56,7 @@ static void unlink_post(hub *h, post *p)
             *pp = p->next;
             break;
         }
-    free(p);
+    p->live = 0;
 }
 
 /* One matching attempt, lock held. Returns 1 when the exchange is complete. */
@@ -73,12 +79,9 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
             pthread_cond_broadcast(&h->cv);
             break;
         }
-        post *mine = x->posts[i];
-        if (mine && mine->consumed) {
-            unlink_post(h, mine);
-            x->posts[i] = NULL;
-        }
-        complete = complete && !r->bytes && !x->posts[i];
+        post *mine = &posts_of(x)[i];
+        if (mine->live && mine->consumed) unlink_post(h, mine);
+        complete = complete && !r->bytes && !mine->live;
     }
     return complete;
 }
@@ -99,26 +102,17 @@ static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *strea
     x->comm = c;
     x->tag = ra__comm_next_tag(c);
     x->stream = NULL;
-    post *made[RA_EXCHANGE_SLOTS] = {NULL};
-    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-        x->posts[i] = NULL;
-        if (!x->send[i].bytes) continue;
-        made[i] = malloc(sizeof *made[i]);
-        if (!made[i]) {
-            for (int j = 0; j < i; ++j) free(made[j]);
-            return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn comm threads: out of memory");
-        }
-        *made[i] = (post){c->rank, x->send[i].peer, x->tag + i, 0, x->send[i].buf,
-                          x->send[i].bytes, NULL};
-    }
+    post *mine = posts_of(x);
     pthread_mutex_lock(&h->mu);
     post **tail = &h->posts;
     while (*tail) tail = &(*tail)->next;
-    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i)
-        if (made[i]) {
-            *tail = x->posts[i] = made[i];
-            tail = &made[i]->next;
-        }
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+        mine[i] = (post){c->rank, x->send[i].peer, x->tag + i, 0, x->send[i].bytes > 0,
+                         x->send[i].buf, x->send[i].bytes, NULL};
+        if (!mine[i].live) continue;
+        *tail = &mine[i];
+        tail = &mine[i].next;
+    }
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     if (stream && ra__host_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
@@ -147,9 +141,9 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
         if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT) continue;
         int from = -1;
         for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-            if (x->posts[i]) unlink_post(h, x->posts[i]); /* the sender's buffer goes away */
+            post *mine = &posts_of(x)[i];
+            if (mine->live) unlink_post(h, mine); /* the sender's buffer goes away */
             if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
-            x->posts[i] = NULL;
             x->recv[i].bytes = 0;
         }
         st = ra__fail(RINGATTN_ERR_COMM,
@@ -233,7 +227,6 @@ static void th_destroy(ringattn_comm_t c)
     const int last = --h->refs == 0;
     pthread_mutex_unlock(&h->mu);
     if (last) {
-        while (h->posts) unlink_post(h, h->posts);
         pthread_mutex_destroy(&h->mu);
         pthread_cond_destroy(&h->cv);
         free(h->gather_src);

@@ -214,8 +214,9 @@ RINGATTN_API ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan,
  * a global [T, heads, dim] tensor (T = cu_seqlens[num_seqs]) into a local [T_local, heads, dim]
  * one; gather writes a local tensor's rows into their places in a global one (other rows are
  * left as they are: combine the ranks' pieces with your own allgather or reduction). Tensors
- * are of `dtype`, strides as in ringattn_tensor_t. An LSE [H, T] is dtype RINGATTN_FLOAT32,
- * heads = H, dim = 1, row_stride = 1 and head_stride = T (global) or T_local (local).
+ * are of `dtype` in host memory, strides as in ringattn_tensor_t. An LSE [H, T] is dtype
+ * RINGATTN_FLOAT32, heads = H, dim = 1, row_stride = 1 and head_stride = T (global) or T_local
+ * (local).
  */
 RINGATTN_API ringattn_status_t ringattn_plan_scatter(ringattn_plan_t plan, ringattn_dtype_t dtype,
                                                      int heads, int dim, ringattn_tensor_t global,
@@ -236,7 +237,7 @@ RINGATTN_API ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan);
  * SPEC 5: merge num_partials normalised partials (O_s [T, H, D_v], LSE_s [H, T]) of attention
  * over disjoint key sets into out_o / out_lse. An LSE of -inf (or +inf, FlashAttention 2's
  * marker of an empty row) is an empty partial whose O is never read into the result. The
- * outputs may alias any input (in-place merge).
+ * outputs may alias any input (in-place merge). Host memory.
  */
 RINGATTN_API ringattn_status_t ringattn_merge_partials(int num_partials, int64_t num_tokens,
                                                        int num_heads, int head_dim_v,

@@ -88,21 +88,19 @@ void TView::poison()
             for (int c = 0; c < dim; ++c) set_nan(t, h, c);
 }
 
-ringattn_tensor_t TView::desc() const
-{
-    ringattn_tensor_t d;
-    d.data = buf ? buf->device(off) : nullptr;
-    d.row_stride = zero_strides ? 0 : rs;
-    d.head_stride = zero_strides ? 0 : hs;
-    return d;
-}
-
 ringattn_tensor_t TView::host_desc() const
 {
     ringattn_tensor_t d;
     d.data = buf ? buf->ptr(off) : nullptr;
     d.row_stride = zero_strides ? 0 : rs;
     d.head_stride = zero_strides ? 0 : hs;
+    return d;
+}
+
+ringattn_tensor_t TView::desc() const
+{
+    ringattn_tensor_t d = host_desc();
+    d.data = buf ? buf->device(off) : nullptr;
     return d;
 }
 

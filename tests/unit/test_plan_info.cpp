@@ -141,4 +141,55 @@ TEST_CASE("forward and backward allocate nothing after the plan is made", "[info
         CHECK(allocations == 0);
     }
 }
+
+TEST_CASE("a ring call over threads allocates nothing after the plan is made", "[info][ring]")
+{
+    // The threads transport keeps its message records in the exchanges themselves.
+    AttnConfig c = small_config();
+    c.key_bias_heads = 2;
+    c.keep_k = 40;
+    c.num_threads = 1;
+    const int P = 3;
+    std::vector<ringattn_comm_t> comms(P);
+    REQUIRE(ringattn_comm_create_threads(P, comms.data()) == RINGATTN_SUCCESS);
+    std::vector<std::vector<ringattn_status_t>> st(P);
+    std::atomic<int> warm{0}, done{0};
+    std::vector<std::thread> th;
+    for (int r = 0; r < P; ++r)
+        th.emplace_back([&, r] {
+            ringattn_plan_desc_t d = make_desc(c);
+            d.layout = RINGATTN_LAYOUT_ZIGZAG;
+            ringattn_plan_t p = nullptr;
+            st[r].push_back(ringattn_plan_create(comms[r], &d, &p));
+            int64_t n = 0;
+            ringattn_plan_local_tokens(p, &n, nullptr);
+            const size_t q = (size_t)n * c.H * c.D, kv = (size_t)n * c.hkv() * c.D;
+            std::vector<float> Q(q, 0.5f), K(kv, 0.25f), V(kv, 1.0f), O(q), dO(q, 1.0f);
+            std::vector<float> dQ(q), dK(kv), dV(kv), lse((size_t)n * c.H + 1);
+            std::vector<float> bias((size_t)n * 2 + 1, 0.5f), dbias(bias.size());
+            for (size_t i = 0; i < bias.size(); ++i) bias[i] = (float)((i * 7919) % 101) / 50.0f;
+            ringattn_tensors_t t = RINGATTN_TENSORS_INIT;
+            t.q.data = Q.data(), t.k.data = K.data(), t.v.data = V.data(), t.o.data = O.data();
+            t.lse = lse.data(), t.dout.data = dO.data(), t.dq.data = dQ.data();
+            t.dk.data = dK.data(), t.dv.data = dV.data();
+            t.key_bias = bias.data(), t.dbias = dbias.data();
+            st[r].push_back(ringattn_forward(p, &t, nullptr)); // warm-up
+            st[r].push_back(ringattn_backward(p, &t, nullptr));
+            st[r].reserve(8);
+            if (++warm == P) allocations = 0, counting = true;
+            while (!counting) std::this_thread::yield();
+            for (int i = 0; i < 2; ++i) {
+                st[r].push_back(ringattn_forward(p, &t, nullptr));
+                st[r].push_back(ringattn_backward(p, &t, nullptr));
+            }
+            if (++done == P) counting = false;
+            while (counting) std::this_thread::yield();
+            ringattn_plan_destroy(p);
+        });
+    for (auto &t : th) t.join();
+    for (auto x : comms) ringattn_comm_destroy(x);
+    for (int r = 0; r < P; ++r)
+        for (ringattn_status_t s : st[r]) CHECK(s == RINGATTN_SUCCESS);
+    CHECK(allocations == 0);
+}
 #endif
