@@ -2,8 +2,8 @@
  * The ring driver, backward (SPEC 7). K/V travel as in the forward, and behind them the
  * float32 dK/dV/dBias sums of the shard, to which every rank that sees the shard adds its
  * part. The owner's own part stays at home: the sums start from zero at the next rank. Where a
- * shard's journey ends its sums are finished and go straight back to their owner (DESIGN: cut
- * rings return dK/dV directly), who adds its own part. dQ is summed locally in float32. Every
+ * shard's journey ends (a cut ring: DESIGN, the ring) its sums are finished and go straight back
+ * to their owner, who adds its own part. dQ is summed locally in float32. Every
  * sum is taken in a fixed order, so repeated runs are bitwise identical.
  */
 #include "base/error.h"

@@ -1,5 +1,5 @@
 /*
- * DESIGN: creating a plan checks that every rank passed the same descriptor. Each rank hashes
+ * DESIGN, the ring: creating a plan checks that every rank passed the same descriptor. Each rank hashes
  * its descriptor; one allreduce (MIN over {ok, hash, -hash}) tells every rank whether all were
  * valid and all hashes equal, so a mismatch is an error on every rank, never a hang. (Each
  * forward and backward call agrees the same way: ring/call.c.)
