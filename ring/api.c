@@ -29,13 +29,12 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
  * order and +inf the softmax, and either would give NaN outputs (SPEC 9 forbids them). Checked
  * on the host copy the call's preparation uses (ring/prepare.c).
  */
-static ringattn_status_t check_bias(const char *fn, const struct ringattn_plan *p,
-                                    const float *bias)
+static ringattn_status_t check_bias(const char *fn, struct ringattn_plan *p, const float *bias)
 {
     const int64_t keys = ra__local_keys(p)->rows;
     float *host = p->buf->host_own_bias;
     RA_TRY(p->be->to_host(host, bias, (size_t)(p->kp.bias_heads * keys) * sizeof(float),
-                          (void *)&p->stream));
+                          &p->stream));
     for (int64_t i = 0; i < (int64_t)p->kp.bias_heads * keys; ++i)
         RA_CHECK(!isnan(host[i]) && host[i] != INFINITY, RINGATTN_ERR_INVALID_ARGUMENT,
                  "%s: key_bias[%lld, %lld]: got %g, expected a finite value or -inf", fn,
@@ -44,7 +43,7 @@ static ringattn_status_t check_bias(const char *fn, const struct ringattn_plan *
 }
 
 /* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
-static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p,
+static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
                                    const ringattn_tensors_t *t, int o_is_output, ra_args *a)
 {
     const ra_kernel_params *k = &p->kp;

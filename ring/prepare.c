@@ -58,8 +58,8 @@ static int shard_kept(const struct ringattn_plan *p, const ra_thresholds *thr, i
     return 0;
 }
 
-/* Which steps compute (see ra__ring_prepare). */
-static void decide_steps(struct ringattn_plan *p, const ra_thresholds *thr, int backward)
+/* Which steps compute (see ra__ring_prepare); returns the schedule's last compute step. */
+static int decide_steps(struct ringattn_plan *p, const ra_thresholds *thr, int backward)
 {
     ra_buffers *b = p->buf;
     int last = 0;
@@ -71,6 +71,7 @@ static void decide_steps(struct ringattn_plan *p, const ra_thresholds *thr, int 
         b->run[t] = p->step_compute[t] &&
                     (always || !thr->b || shard_kept(p, thr, s));
     }
+    return last;
 }
 
 ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, int backward,
@@ -79,7 +80,7 @@ ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, in
     ra_buffers *b = p->buf;
     const int ring = p->ranks > 1;
     ra_thresholds thr = {NULL, NULL, NULL};
-    *out = (ra_prepared){NULL, NULL, NULL, b->run};
+    *out = (ra_prepared){NULL, NULL, NULL, b->run, 0};
     if (p->kp.bias_heads) {
         /* the local bias is in b->host_own_bias already: ring/api.c checked it there */
         if (ring) RA_TRY(gather_bias(p, b));
@@ -94,7 +95,7 @@ ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, in
         out->thr_b = b->thr_b;
         out->thr_p = b->thr_p;
     }
-    decide_steps(p, &thr, backward);
+    out->last = decide_steps(p, &thr, backward);
     return RINGATTN_SUCCESS;
 }
 

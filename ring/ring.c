@@ -80,9 +80,6 @@ ringattn_status_t ra__ring_forward_pass(struct ringattn_plan *p, const ra_call *
         io.dyn = ra__ring_dyn_io(p, pr, 0, NULL);
         return p->be->attend_forward(p->ws, &p->kp, &io);
     }
-    int last = 0; /* the step that finishes the state */
-    for (int t = 0; t < p->num_steps; ++t)
-        if (pr->run[t]) last = t;
     RA_TRY(ra__ring_pack_own(p, c));
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int t = 0, cur = 0; t < p->num_steps; ++t, cur ^= 1) {
@@ -95,7 +92,7 @@ ringattn_status_t ra__ring_forward_pass(struct ringattn_plan *p, const ra_call *
             ra__ring_held_kv(p, c, cur, t, &k, &v);
             ra_fwd_io io = forward_io(p, c, stats_only);
             io.k = &k, io.v = &v, io.keys = &p->shards[ra__held_shard(p, p->rank, t)];
-            io.first = t == 0, io.last = t == last;
+            io.first = t == 0, io.last = t == pr->last;
             io.dyn = ra__ring_dyn_io(p, pr, t, NULL);
             st = p->be->attend_forward(p->ws, &p->kp, &io);
         }

@@ -22,6 +22,7 @@ typedef struct ra_prepared {
     const float *thr_b;  /* SPEC 6 thresholds of the local rows, backend memory; NULL: none */
     const int64_t *thr_p;
     const unsigned char *run; /* [num_steps] does step t compute */
+    int last;                 /* the schedule's last compute step: the forward finishes there */
 } ra_prepared;
 
 /*

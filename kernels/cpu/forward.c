@@ -41,12 +41,17 @@ static void softmax_tile(float *s, int nq, int nk, float *m, float *l, float *ac
     }
 }
 
-/* Running state of rows [row, row + nq) of head h: from the io's arrays, or fresh (SPEC 4).
-   With stats_only there is no acc: only (m, l) are kept. */
+/* Columns of the running acc: D_v, or none in the SPEC 9 stats pass (only m and l are kept). */
+static int acc_dim(const ra_kernel_params *p, const ra_fwd_io *io)
+{
+    return io->stats_only ? 0 : p->head_dim_v;
+}
+
+/* Running state of rows [row, row + nq) of head h: from the io's arrays, or fresh (SPEC 4). */
 static void state_begin(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
                         int64_t row, int nq)
 {
-    const int Dv = io->stats_only ? 0 : p->head_dim_v, H = p->num_heads;
+    const int Dv = acc_dim(p, io), H = p->num_heads;
     const int64_t rows = p->queries->rows;
     for (int i = 0; i < nq; ++i) {
         float *acc = w->acc + (size_t)i * Dv;
@@ -65,7 +70,7 @@ static void state_begin(const ra_kernel_params *p, const ra_fwd_io *io, ra_threa
 static void state_end(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w, int h,
                       int64_t row, int nq)
 {
-    const int Dv = io->stats_only ? 0 : p->head_dim_v, H = p->num_heads;
+    const int Dv = acc_dim(p, io), H = p->num_heads;
     const int64_t rows = p->queries->rows;
     const int finalise = io->last && !io->stats_only;
     for (int i = 0; i < nq; ++i) {
@@ -87,7 +92,7 @@ static void forward_batch(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
                           const ra_span *qs, const ra_qtile *q, int h, const ra_key_batch *b,
                           const ra_tile_dyn *dyn)
 {
-    const int Dv = io->stats_only ? 0 : p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
+    const int Dv = acc_dim(p, io), g = h / (p->num_heads / p->num_kv_heads);
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
     ra__batch_logits(p, h, qs, b, q, w->kb, w->s, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
@@ -101,7 +106,7 @@ static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
                           const ra_span *qs, int64_t qrow, int h, int bk)
 {
     const int D = p->head_dim, g = h / (p->num_heads / p->num_kv_heads);
-    const int Dv = io->stats_only ? 0 : p->head_dim_v, nq = (int)qs->count;
+    const int Dv = acc_dim(p, io), nq = (int)qs->count;
     int64_t ldq, ldk, ldv;
     const float *q_in = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
     const ra_qtile q = ra__qtile(p, q_in, ldq, nq, io->scale_q_first, w->q_scaled);

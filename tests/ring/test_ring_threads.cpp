@@ -277,14 +277,7 @@ TEST_CASE("ring: SPEC 10 cases 11 and 12, rows whose LSE is lossy, recomputed ac
         Problem pb = ratest::packed_problem(c, 5000 + (uint64_t)which);
         if (which == 12) {
             std::mt19937_64 rng(5012);
-            const double x = std::ldexp(1.0, 63);
-            std::vector<int> signs((size_t)c.D);
-            for (int &sgn : signs) sgn = rng() % 2 ? 1 : -1;
-            for (int64_t t = 0; t < c.Tq(); ++t)
-                for (int cc = 0; cc < c.D; ++cc) {
-                    for (int h = 0; h < c.H; ++h) pb.q.set(t, h, cc, rng() % 2 ? x : -x);
-                    for (int h = 0; h < c.hkv(); ++h) pb.k.set(t, h, cc, signs[(size_t)cc] * x);
-                }
+            ratest::set_equal_logit_qk(pb, std::ldexp(1.0, 63), rng);
         }
         const ratest::Spec9 judge = ringtest::judge_of(pb);
         for (ringattn_layout_t layout : all_layouts)

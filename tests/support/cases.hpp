@@ -140,6 +140,20 @@ inline AttnConfig ring_softcap_alibi_mqa()
     return c;
 }
 
+// SPEC 10 case 12's inputs: every entry of Q is +-x (random signs) and every key row has the
+// same signs times x, so all logits of a row are equal in exact arithmetic.
+inline void set_equal_logit_qk(Problem &pb, double x, std::mt19937_64 &rng)
+{
+    const AttnConfig &c = pb.cfg;
+    std::vector<int> key_signs((size_t)c.D);
+    for (int &sgn : key_signs) sgn = rng() % 2 ? 1 : -1;
+    for (int64_t t = 0; t < c.Tq(); ++t)
+        for (int cc = 0; cc < c.D; ++cc) {
+            for (int h = 0; h < c.H; ++h) pb.q.set(t, h, cc, rng() % 2 ? x : -x);
+            for (int h = 0; h < c.hkv(); ++h) pb.k.set(t, h, cc, key_signs[(size_t)cc] * x);
+        }
+}
+
 // A problem with packed inputs (the ring harness reads them row by row), drawn from seed; its
 // bias, when c has one and does not give it, from N(0, sigma_bias).
 inline Problem packed_problem(const AttnConfig &c, uint64_t seed, double sigma_bias = 1.0)

@@ -394,13 +394,7 @@ TEST_CASE("SPEC 10 case 12: q and k of 1.5e19 with scale 0.01", "[spec][case12]"
             c.block_q = 16;
             c.block_k = 24;
             Problem pb(c, Storage::Packed, rng);
-            std::vector<int> key_signs(16);
-            for (int &sgn : key_signs) sgn = rng() % 2 ? 1 : -1;
-            for (int64_t t = 0; t < c.Tq(); ++t)
-                for (int cc = 0; cc < c.D; ++cc) {
-                    for (int h = 0; h < c.H; ++h) pb.q.set(t, h, cc, rng() % 2 ? x : -x);
-                    pb.k.set(t, 0, cc, key_signs[(size_t)cc] * x);
-                }
+            set_equal_logit_qk(pb, x, rng);
             Plan plan(c);
             require_plan(plan);
             INFO(dtype_name(dt) << ", variant " << variant);
