@@ -88,15 +88,16 @@ typedef struct ringattn_plan_desc {
     int head_dim_v;   /* D_v of V and O: 1..256; 0 means D */
     ringattn_dtype_t dtype;
     ringattn_layout_t layout;
-    int num_seqs;
+    int num_seqs;                /* 0..INT32_MAX - 1 */
     const int32_t *cu_seqlens;   /* [num_seqs + 1] query boundaries, host memory, copied */
     const int32_t *cu_seqlens_k; /* key boundaries, or NULL for the same as cu_seqlens.
                                     Keys may outnumber queries (KV cache): bottom-right aligned */
     int causal;                  /* nonzero: window_right = 0 (SPEC 3) */
     int window_left, window_right; /* -1 = unbounded on that side */
-    float softmax_scale;         /* 0: 1/sqrt(head_dim) */
-    float softcap;               /* 0: off */
-    const float *alibi_slopes;   /* [num_heads] or NULL; copied */
+    float softmax_scale;         /* 0: 1/sqrt(head_dim); else at most FLT_MAX / (2 head_dim) */
+    float softcap;               /* 0: off; else a normal float (>= FLT_MIN) */
+    const float *alibi_slopes;   /* [num_heads] or NULL; copied. Each finite, with |slope| times
+                                    the longest sequence (max(L_q, L_k) - 1) <= FLT_MAX / 2 */
     /* Dynamic mask attention (SPEC 6): a float32 bias per key, [key_bias_heads, T_k], added to
        the logits (not scaled); query head h reads bias head h / (H / key_bias_heads). 0 = no
        bias; else 1, num_kv_heads or num_heads. keep_k > 0 (needs a bias): each query keeps only
@@ -121,7 +122,9 @@ typedef struct ringattn_plan_desc {
 /*
  * A [T, heads, dim] tensor: element (t, h, c) is at data[t * row_stride + h * head_stride + c]
  * counted in elements of the plan's dtype. Strides of 0 mean packed: head_stride = dim,
- * row_stride = heads * dim.
+ * row_stride = heads * dim. The last element must lie within INT64_MAX bytes of the first
+ * (else RINGATTN_ERR_INVALID_ARGUMENT), and row_stride (given or packed) is at most INT32_MAX
+ * (else RINGATTN_ERR_UNSUPPORTED: BLAS takes int strides); head_stride may be larger.
  */
 typedef struct ringattn_tensor {
     void *data;

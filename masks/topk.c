@@ -11,11 +11,16 @@ static inline int before(ra_topk_key x, ra_topk_key y)
     return x.bias > y.bias || (x.bias == y.bias && x.pos < y.pos);
 }
 
-/* Restores the heap property (the last in rank order on top) below node i of a[0..n). */
-static void sift_down(ra_topk_key *a, int32_t i, int32_t n)
+/*
+ * Restores the heap property (the last in rank order on top) below node i of a[0..n). Indices
+ * are int64: a node past 2^30 has its children's index 2i + 1 past INT32_MAX (sequences of up
+ * to INT32_MAX keys, SPEC 1's int32 cu_seqlens).
+ */
+void ra__topk_sift_down(ra_topk_key *a, int32_t node, int32_t n)
 {
-    const ra_topk_key x = a[i];
-    for (int32_t c; (c = 2 * i + 1) < n; i = c) {
+    const ra_topk_key x = a[node];
+    int64_t i = node;
+    for (int64_t c; (c = 2 * i + 1) < n; i = c) {
         if (c + 1 < n && before(a[c], a[c + 1])) ++c;
         if (!before(x, a[c])) break;
         a[i] = a[c];
@@ -28,12 +33,12 @@ static void sift_down(ra_topk_key *a, int32_t i, int32_t n)
 void ra__topk_order(const float *bias, int32_t n, ra_topk_key *order)
 {
     for (int32_t p = 0; p < n; ++p) order[p] = (ra_topk_key){bias[p], p};
-    for (int32_t i = n / 2 - 1; i >= 0; --i) sift_down(order, i, n);
+    for (int32_t i = n / 2 - 1; i >= 0; --i) ra__topk_sift_down(order, i, n);
     for (int32_t end = n - 1; end > 0; --end) {
         const ra_topk_key top = order[0];
         order[0] = order[end];
         order[end] = top;
-        sift_down(order, 0, end);
+        ra__topk_sift_down(order, 0, end);
     }
 }
 
@@ -43,23 +48,26 @@ void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *ra
     for (int32_t r = 0; r < n; ++r) rank[order[r].pos] = r;
 }
 
-/* Fenwick tree over ranks 1..n counting the keys in the current window. */
-static void fen_add(int32_t *fen, int32_t n, int32_t i, int32_t d)
+/*
+ * Fenwick tree over ranks 1..n counting the keys in the current window. Indices are int64: past
+ * 2^30 ranks, i + lowbit(i) and the search's pos + step exceed INT32_MAX (counts fit int32).
+ */
+void ra__topk_fen_add(int32_t *fen, int32_t n, int32_t rank, int32_t d)
 {
-    for (++i; i <= n; i += i & -i) fen[i] += d;
+    for (int64_t i = (int64_t)rank + 1; i <= n; i += i & -i) fen[i] += d;
 }
 
 /* Smallest rank r such that the window holds k keys of rank <= r (1 <= k <= count). */
-static int32_t fen_kth(const int32_t *fen, int32_t n, int32_t k)
+int32_t ra__topk_fen_kth(const int32_t *fen, int32_t n, int32_t k)
 {
-    int32_t pos = 0, step = 1;
+    int64_t pos = 0, step = 1;
     while (step * 2 <= n) step *= 2;
     for (; step > 0; step /= 2)
         if (pos + step <= n && fen[pos + step] < k) {
             pos += step;
             k -= fen[pos];
         }
-    return pos; /* 0-based rank */
+    return (int32_t)pos; /* 0-based rank, < n */
 }
 
 void ra__topk_thresholds(ra_window w, int64_t delta, const ra_topk_key *order,
@@ -79,14 +87,14 @@ void ra__topk_thresholds(ra_window w, int64_t delta, const ra_topk_key *order,
             thr_p[a] = -1;
             continue;
         }
-        while (hi_in < hi) fen_add(fen, n, rank[++hi_in], 1);
-        while (lo_in < lo) fen_add(fen, n, rank[lo_in++], -1);
+        while (hi_in < hi) ra__topk_fen_add(fen, n, rank[++hi_in], 1);
+        while (lo_in < lo) ra__topk_fen_add(fen, n, rank[lo_in++], -1);
         if (hi - lo + 1 <= keep_k) {
             thr_b[a] = -INFINITY;
             thr_p[a] = INT64_MAX;
             continue;
         }
-        const ra_topk_key *kth = &order[fen_kth(fen, n, keep_k)];
+        const ra_topk_key *kth = &order[ra__topk_fen_kth(fen, n, keep_k)];
         thr_b[a] = kth->bias;
         thr_p[a] = kth->pos;
     }

@@ -12,6 +12,10 @@
 
 #include "masks/mask.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct ra_topk_key {
     float bias;
     int32_t pos;
@@ -31,5 +35,14 @@ void ra__topk_rank(const float *bias, int32_t n, ra_topk_key *order, int32_t *ra
 void ra__topk_thresholds(ra_window w, int64_t delta, const ra_topk_key *order,
                          const int32_t *rank, int32_t n, int keep_k, const ra_span *q,
                          int32_t *fen, float *thr_b, int64_t *thr_p);
+
+/* The pieces of the sweep and the sort, exposed for tests at lengths past 2^30. */
+void ra__topk_sift_down(ra_topk_key *a, int32_t node, int32_t n);
+void ra__topk_fen_add(int32_t *fen, int32_t n, int32_t rank, int32_t d);
+int32_t ra__topk_fen_kth(const int32_t *fen, int32_t n, int32_t k);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

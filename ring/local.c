@@ -25,6 +25,7 @@ ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *coun
              "%s: count: got NULL, expected a pointer", fn);
     *count = plan->kp.queries->rows;
     if (global_index) local_index(plan, global_index);
+    ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
     return RINGATTN_SUCCESS;
 }
 
@@ -54,6 +55,7 @@ static ringattn_status_t move_rows(const char *fn, ringattn_plan_t p, ringattn_d
             }
         }
     }
+    ra__clear_error();
     return RINGATTN_SUCCESS;
 }
 

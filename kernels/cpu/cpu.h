@@ -256,7 +256,13 @@ void ra__pieces_begin(ra_key_pieces *k, const ra_kernel_params *p, const ra_dyn_
                       int h, int bk);
 ra_piece ra__pieces_next(ra_key_pieces *k);
 
-/* exp(x) for x <= 88, exactly 0 below -87.3 (so -inf gives 0); about 1 ulp; vectorises. */
+/*
+ * exp(x), about 1 ulp, vectorises; defined for every float: exactly 0 below -87.3 (-inf included:
+ * SPEC 4's p of a masked logit), exp(88) at and above 88 (+inf included: the arguments are
+ * s - max <= 0 up to rounding), NaN for NaN (SPEC 9: a NaN propagates). The exponent is built
+ * in uint32 so that a NaN's bits (whatever they are) shift without overflow; for every other
+ * input the bits are those of the int32 formula it replaces.
+ */
 static inline float ra__exp(float x)
 {
     const float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
@@ -271,9 +277,9 @@ static inline float ra__exp(float x)
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    union { float f; int32_t i; } tb = {t}, sc;
-    sc.i = (tb.i - 0x4B400000 + 127) << 23;
-    return x < -87.3f ? 0.0f : y * sc.f;
+    union { float f; uint32_t u; } tb = {t}, sc;
+    sc.u = (tb.u - 0x4B400000u + 127u) << 23; /* 2^n: n in [-126, 127] unless x is NaN */
+    return x < -87.3f ? 0.0f : y * sc.f;      /* NaN: y is NaN */
 }
 
 /* BLAS runs single-threaded inside our OpenMP passes (the caller's setting is restored). */

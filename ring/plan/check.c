@@ -1,5 +1,7 @@
 /* Everything one rank can check about its descriptor (SPEC 1-3, 6), and its backend. */
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "base/error.h"
 #include "ring/compat.h"
@@ -45,10 +47,67 @@ static ringattn_status_t check_shapes(const ringattn_plan_desc_t *d)
                  d->layout == RINGATTN_LAYOUT_STRIPED,
              RINGATTN_ERR_INVALID_ARGUMENT, FN ": layout: got %d, expected a ringattn_layout_t",
              (int)d->layout);
-    RA_CHECK(d->num_seqs >= 0, RINGATTN_ERR_INVALID_ARGUMENT,
-             FN ": num_seqs: got %d, expected >= 0", d->num_seqs);
+    /* num_seqs + 1 boundaries are counted (and indexed) in int everywhere: it must fit. */
+    RA_CHECK(d->num_seqs >= 0 && d->num_seqs < INT32_MAX, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": num_seqs: got %d, expected 0..%d (num_seqs + 1 cu_seqlens entries must fit "
+                "int32)",
+             d->num_seqs, INT32_MAX - 1);
     RA_TRY(check_cu_seqlens("cu_seqlens", d->cu_seqlens, d->num_seqs));
     if (d->cu_seqlens_k) RA_TRY(check_cu_seqlens("cu_seqlens_k", d->cu_seqlens_k, d->num_seqs));
+    return RINGATTN_SUCCESS;
+}
+
+/* The longest |p_i + delta - p_j| of SPEC 2 over any pair of one sequence: max(L_q, L_k) - 1. */
+static int64_t longest_distance(const ringattn_plan_desc_t *d)
+{
+    const int32_t *cq = d->cu_seqlens, *ck = d->cu_seqlens_k ? d->cu_seqlens_k : cq;
+    int64_t far = 0;
+    for (int s = 0; s < d->num_seqs; ++s) {
+        const int64_t lq = (int64_t)cq[s + 1] - cq[s], lk = (int64_t)ck[s + 1] - ck[s];
+        const int64_t l = lq > lk ? lq : lk;
+        far = l - 1 > far ? l - 1 : far;
+    }
+    return far;
+}
+
+/*
+ * SPEC 2 and 9: the logit s = z - slope |p_i + delta - p_j| + bias, z = scale q.k (capped by a
+ * softcap). The descriptor's own terms must never make s overflow or NaN (SPEC 9 promises
+ * finite outputs for finite logits; an infinite or NaN logit here came out as O = 0 with
+ * success). Each term may take at most half the float32 range, so that z, the ALiBi term and
+ * the call's bias still sum to a number:
+ * - softcap: 0 (off) or a normal float: the kernels compute z * (1 / softcap), and the
+ *   reciprocal overflows below 2^-128 (then 0 * inf = NaN); z is then within +-softcap.
+ * - softmax_scale: 0 (1/sqrt(D)) or at most FLT_MAX / (2 D): the logit of inputs of magnitude
+ *   at most 1 (|z| <= D scale) stays within half the range. Larger logits depend on the call's
+ *   |q| and |k| (SPEC 9 applies the scale before the product where that product overflows);
+ *   SPEC 10 case 4's 1e30 at D = 16 is inside.
+ * - alibi_slopes: finite, |slope| * (the longest distance) <= FLT_MAX / 2.
+ */
+static ringattn_status_t check_logit_terms(const ringattn_plan_desc_t *d)
+{
+    const double half = FLT_MAX / 2.0;
+    const double max_scale = half / d->head_dim;
+    RA_CHECK(d->softmax_scale >= 0.0f && d->softmax_scale <= max_scale,
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softmax_scale: got %g, expected 0 (1/sqrt(head_dim)) or a value up to "
+                "FLT_MAX / (2 head_dim) = %g (a logit of inputs of magnitude <= 1 stays finite)",
+             (double)d->softmax_scale, max_scale);
+    RA_CHECK(d->softcap == 0.0f || (d->softcap >= FLT_MIN && d->softcap <= FLT_MAX),
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": softcap: got %g, expected 0 (off) or a normal float in [FLT_MIN = %g, "
+                "FLT_MAX] (the kernels divide by it)",
+             (double)d->softcap, (double)FLT_MIN);
+    if (!d->alibi_slopes) return RINGATTN_SUCCESS;
+    const int64_t far = longest_distance(d);
+    for (int h = 0; h < d->num_heads; ++h) {
+        const double slope = d->alibi_slopes[h];
+        RA_CHECK(isfinite(slope) && fabs(slope) * (double)far <= half,
+                 RINGATTN_ERR_INVALID_ARGUMENT,
+                 FN ": alibi_slopes[%d]: got %g, expected finite with |slope| * %lld (the "
+                    "longest query-key distance) <= FLT_MAX / 2 = %g",
+                 h, slope, (long long)far, half);
+    }
     return RINGATTN_SUCCESS;
 }
 
@@ -58,16 +117,7 @@ static ringattn_status_t check_masks(const ringattn_plan_desc_t *d)
              FN ": window_left: got %d, expected >= -1 (-1 = unbounded)", d->window_left);
     RA_CHECK(d->window_right >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": window_right: got %d, expected >= -1 (-1 = unbounded)", d->window_right);
-    RA_CHECK(isfinite(d->softmax_scale) && d->softmax_scale >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
-             FN ": softmax_scale: got %g, expected finite and >= 0 (0 = 1/sqrt(head_dim))",
-             (double)d->softmax_scale);
-    RA_CHECK(isfinite(d->softcap) && d->softcap >= 0.0f, RINGATTN_ERR_INVALID_ARGUMENT,
-             FN ": softcap: got %g, expected finite and >= 0 (0 = off)", (double)d->softcap);
-    if (d->alibi_slopes)
-        for (int h = 0; h < d->num_heads; ++h)
-            RA_CHECK(isfinite(d->alibi_slopes[h]), RINGATTN_ERR_INVALID_ARGUMENT,
-                     FN ": alibi_slopes[%d]: got %g, expected finite", h,
-                     (double)d->alibi_slopes[h]);
+    RA_TRY(check_logit_terms(d));
     const int hb = d->key_bias_heads, hkv = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
     RA_CHECK(hb == 0 || hb == 1 || hb == hkv || hb == d->num_heads, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": key_bias_heads: got %d, expected 0 (no bias), 1, num_kv_heads = %d or "

@@ -41,6 +41,7 @@ ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan, ringattn_plan_inf
     ringattn_plan_info_t full = RINGATTN_PLAN_INFO_INIT;
     info_fill(plan, &full);
     ra__info_out(&full, info);
+    ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
     return RINGATTN_SUCCESS;
 }
 
