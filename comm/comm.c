@@ -1,9 +1,20 @@
-/* Transport-independent comm entry points: rank/size queries and destruction. */
+/*
+ * Transport-independent comm entry points: rank/size queries, destruction, and what every
+ * transport shares -- the call agreement, tags, deadlines and the failed state (comm.h, DESIGN:
+ * failure semantics).
+ */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#include "comm/comm.h"
 #include "base/error.h"
+#include "base/host_stream.h"
 #include "base/registry.h"
+#include "comm/comm.h"
+
+/* Collective calls this thread refused before reaching a comm, ever (ra__comm_refused). */
+static _Thread_local unsigned long refused_calls;
 
 ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size)
 {
@@ -13,6 +24,7 @@ ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size)
              "ringattn_comm_rank: rank/size: got NULL, expected pointers");
     *rank = comm->rank;
     *size = comm->size;
+    ra__clear_error();
     return RINGATTN_SUCCESS;
 }
 
@@ -24,17 +36,178 @@ ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm)
              "twice?)",
              (void *)comm);
     comm->ops->destroy(comm);
+    ra__clear_error();
     return RINGATTN_SUCCESS;
 }
 
 double ra__comm_timeout_s(void)
 {
     const char *env = getenv("RINGATTN_COMM_TIMEOUT");
-    return env && atof(env) > 0 ? atof(env) : 60.0;
+    const double s = env ? atof(env) : 0.0;
+    return s > 0 ? s : 60.0;
+}
+
+double ra__comm_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int ra__comm_next_tag(ringattn_comm_t c)
 {
-    enum { PERIOD = 32767 / RA_EXCHANGE_SLOTS }; /* exchanges in flight are far fewer */
-    return (int)(c->exchanges++ % PERIOD) * RA_EXCHANGE_SLOTS;
+    /* 31 calls x 512 exchanges x 2 slots: tags 0 .. 31743, below RA_COMM_TAG_FAILURE */
+    const unsigned at = c->exchanges++ % 512u;
+    return (int)(((c->calls % 31u) << 10) | (at * RA_EXCHANGE_SLOTS));
+}
+
+void ra__comm_refused(void) { ++refused_calls; }
+
+static void beacon(void *ctx)
+{
+    ringattn_comm_t c = ctx;
+    const double now = ra__comm_now();
+    if (c->failed || now - c->last_beat < ra__comm_timeout_s() / 4) return;
+    c->last_beat = now;
+    c->ops->beat(c);
+}
+
+void ra__comm_beacon_attach(ringattn_comm_t c, void *stream)
+{
+    if (stream) (void)ra__host_stream_attach(stream, beacon, c); /* full: no beacon, no harm */
+}
+
+void ra__comm_beacon_detach(ringattn_comm_t c, void *stream)
+{
+    if (stream) ra__host_stream_detach(stream, c);
+}
+
+#define RECREATE "destroy its plans and the comm, then create a new comm on every rank"
+
+ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st)
+{
+    char msg[RA_COMM_REASON_BYTES];
+    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    msg[sizeof msg - 1] = '\0';
+    if (!c->failed) {
+        c->failed = 1;
+        memcpy(c->reason, msg, sizeof msg);
+        c->ops->notify_failure(c);
+    }
+    return ra__fail(st, "%s; the comm has failed: " RECREATE, msg);
+}
+
+/* A failed comm fails every call at once, the same on every rank. */
+static ringattn_status_t check_alive(ringattn_comm_t c, const char *fn)
+{
+    if (!c->failed && c->ops->peer_failed(c)) {
+        c->failed = 1;
+        c->ops->notify_failure(c); /* no rank may miss it, whoever told us */
+    }
+    RA_CHECK(!c->failed, RINGATTN_ERR_COMM, "%s: the comm failed earlier (%s); " RECREATE, fn,
+             c->reason);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t allreduce(ringattn_comm_t c, const char *fn, int64_t *v, int n)
+{
+    RA_TRY(check_alive(c, fn));
+    const ringattn_status_t st = c->ops->allreduce_i64(c, v, n, RA_REDUCE_MIN);
+    return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
+}
+
+/* A rank's status as a MIN-reducible code: the lowest failing rank wins, with its status. */
+static int64_t fail_code(const ringattn_comm_t c, ringattn_status_t st)
+{
+    return st == RINGATTN_SUCCESS ? INT64_MAX : (int64_t)c->rank * 16 + (int64_t)st;
+}
+
+static ringattn_status_t refused_elsewhere(ringattn_comm_t c, const char *fn, int64_t code)
+{
+    return ra__fail((ringattn_status_t)(code % 16),
+                    "%s: refused on rank %d (this is rank %d of %d): see that rank's message; "
+                    "the call failed on every rank",
+                    fn, (int)(code / 16), c->rank, c->size);
+}
+
+static const char *kind_name(int64_t k)
+{
+    return k == RA_CALL_PLAN_CREATE ? "ringattn_plan_create"
+           : k == RA_CALL_FORWARD   ? "ringattn_forward"
+                                    : "ringattn_backward";
+}
+
+enum { HEAD = 7, VALS_MAX = RA_ALLREDUCE_MAX - HEAD };
+
+ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind kind,
+                                 unsigned plan, ringattn_status_t local, int64_t *vals, int n)
+{
+    RA_CHECK(n >= 0 && n <= VALS_MAX, RINGATTN_ERR_INTERNAL, "%s: agreement of %d values", fn, n);
+    /* refusals since this comm's last agreement (none before its first: no plan of it existed
+       then, and a plan_create retried after an invalid comm pairs rightly with the others') */
+    if (!c->agreed) c->refused_seen = refused_calls;
+    const int64_t call = (int64_t)c->calls + 1 + (int64_t)(refused_calls - c->refused_seen);
+    c->refused_seen = refused_calls;
+    c->agreed = 1;
+    c->calls = (unsigned)call;
+    c->exchanges = 0;
+    int64_t v[RA_ALLREDUCE_MAX] = {fail_code(c, local), call, -call, kind, -(int64_t)kind,
+                                   plan, -(int64_t)plan};
+    for (int i = 0; i < n; ++i) v[HEAD + i] = local == RINGATTN_SUCCESS ? vals[i] : INT64_MAX;
+    RA_TRY(allreduce(c, fn, v, HEAD + n));
+    if (-v[2] != v[1]) c->calls = (unsigned)-v[2]; /* every rank resumes after the highest */
+    if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
+    RA_CHECK(-v[2] == v[1], RINGATTN_ERR_INVALID_USAGE,
+             "%s: call %lld on this rank (rank %d of %d), calls %lld to %lld on the ranks: a "
+             "rank left an earlier call before reaching the ring (a NULL or destroyed plan) or "
+             "skipped one; the call failed on every rank, and the next call pairs up again",
+             fn, (long long)call, c->rank, c->size, (long long)v[1], (long long)-v[2]);
+    RA_CHECK(-v[4] == v[3], RINGATTN_ERR_INVALID_USAGE,
+             "%s: other ranks are in %s (this is rank %d of %d), expected the same call on "
+             "every rank; the call failed on every rank",
+             fn, kind_name(v[3] == kind ? -v[4] : v[3]), c->rank, c->size);
+    RA_CHECK(-v[6] == v[5], RINGATTN_ERR_INVALID_USAGE,
+             "%s: other ranks passed another plan (this is rank %d of %d), expected the plans "
+             "made together by one ringattn_plan_create; the call failed on every rank",
+             fn, c->rank, c->size);
+    if (v[0] != INT64_MAX) return refused_elsewhere(c, fn, v[0]);
+    for (int i = 0; i < n; ++i) vals[i] = v[HEAD + i];
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__comm_conclude(ringattn_comm_t c, const char *fn, ringattn_status_t local)
+{
+    /* a failed comm has told every peer already: they fail their call on their own */
+    if (c->failed) return local != RINGATTN_SUCCESS ? local : check_alive(c, fn);
+    int64_t v[1] = {fail_code(c, local)};
+    RA_TRY(allreduce(c, fn, v, 1));
+    if (local != RINGATTN_SUCCESS) return local;
+    return v[0] == INT64_MAX ? RINGATTN_SUCCESS : refused_elsewhere(c, fn, v[0]);
+}
+
+ringattn_status_t ra__comm_allgather(ringattn_comm_t c, const void *send, void *recv,
+                                     const size_t *bytes)
+{
+    RA_TRY(check_alive(c, "ringattn comm"));
+    const ringattn_status_t st = c->ops->allgather(c, send, recv, bytes);
+    return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
+}
+
+ringattn_status_t ra__comm_start(ringattn_comm_t c, ra_exchange *x, void *stream)
+{
+    RA_TRY(check_alive(c, "ringattn comm"));
+    x->call = c->calls;
+    const ringattn_status_t st = c->ops->exchange_start(c, x, stream);
+    return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
+}
+
+ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x)
+{
+    const ringattn_status_t st = c->ops->exchange_wait(c, x);
+    if (st == RINGATTN_SUCCESS) return st;
+    char msg[RA_COMM_REASON_BYTES];
+    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    msg[sizeof msg - 1] = '\0';
+    return ra__comm_fail(c, ra__fail(st, "%s (rank %d: ring step %d of call %u)", msg, c->rank, x->step,
+                                         x->call));
 }

@@ -5,8 +5,19 @@
  * Two planes. The control plane moves small host values and blocks: the agreements on a
  * descriptor or a call, allreduce, allgather (the key bias). The data plane moves shards:
  * batched exchanges, started in the order of a stream and waited for later, so that compute
- * overlaps them. Message tags are the transports' own: every rank starts the same exchanges in
- * the same order (the ring is in lock step), and each exchange takes the next tag.
+ * overlaps them.
+ *
+ * Calls and failures (DESIGN, failure semantics). Every collective call of the library (plan
+ * creation, forward, backward) opens with ra__comm_agree, one allreduce that carries the call's
+ * identity: this comm's call number (plus the calls this thread refused before it could reach
+ * a comm: a NULL or destroyed plan), the kind of call and the plan. A mismatch fails the call
+ * on every rank and brings the numbers back in step, so no call ever pairs with another. Every
+ * message's tag carries the call number and the exchange's place in the call. Every wait has
+ * a deadline of no progress for RINGATTN_COMM_TIMEOUT seconds (progress: a message moved, or a
+ * heartbeat of a peer that computes or itself progresses). A transport error or a deadline
+ * fails the comm for good: it tells the peers (who then fail at once too), and every later call
+ * on it fails fast. The ring code reaches the transports only through the ra__comm_ wrappers
+ * below, which enforce this.
  */
 #ifndef RINGATTN_COMM_COMM_H
 #define RINGATTN_COMM_COMM_H
@@ -35,15 +46,20 @@ typedef struct ra_msg {
  * messages complete): its per-exchange state lives in `impl`, so that starting an exchange
  * allocates nothing.
  */
-#define RA_EXCHANGE_IMPL_BYTES 160
+#define RA_EXCHANGE_IMPL_BYTES 256
 
 typedef struct ra_exchange {
     ra_msg send[RA_EXCHANGE_SLOTS], recv[RA_EXCHANGE_SLOTS];
     ringattn_comm_t comm;
     void *stream; /* host transports: the ra_host_stream it is attached to, or NULL */
-    int tag;      /* slot i uses tag + i */
+    int tag;      /* slot i uses tag + i (ra__comm_next_tag) */
+    unsigned call; /* the comm's call number when it started */
+    int step;      /* the ring step it belongs to, for messages (set by the caller) */
     _Alignas(16) unsigned char impl[RA_EXCHANGE_IMPL_BYTES];
 } ra_exchange;
+
+/* The kinds of collective call, in every call's agreement. */
+typedef enum ra_call_kind { RA_CALL_PLAN_CREATE = 1, RA_CALL_FORWARD, RA_CALL_BACKWARD } ra_call_kind;
 
 struct ra_comm_ops {
     const char *name;
@@ -58,23 +74,77 @@ struct ra_comm_ops {
     ringattn_status_t (*exchange_start)(ringattn_comm_t c, ra_exchange *x, void *stream);
     /* *done = 1 once the exchange has completed (exchange_wait is still called). */
     ringattn_status_t (*exchange_test)(ringattn_comm_t c, ra_exchange *x, int *done);
-    /* Returns when the exchange completed, or with RINGATTN_ERR_COMM at the deadline. */
+    /* Returns when the exchange completed, or with RINGATTN_ERR_COMM after the deadline without
+       progress. On an error the transport gives up the exchange; where it could not take back
+       a message (an MPI send in flight), it counts it in the comm's `active` until it ends. */
     ringattn_status_t (*exchange_wait)(ringattn_comm_t c, ra_exchange *x);
+    /* The comm has failed here (c->reason says why): tell every peer, without waiting. */
+    void (*notify_failure)(ringattn_comm_t c);
+    /* Has a peer failed the comm? Then its reason into c->reason and nonzero. */
+    int (*peer_failed)(ringattn_comm_t c);
+    /* Tests what c->active counts, updating it: 0 when nothing may still touch caller memory. */
+    int (*still_active)(ringattn_comm_t c);
+    /* This rank is computing (its kernels poll): tell the peers it is alive, at most every
+       quarter deadline, so that a long step is not taken for a stall. */
+    void (*beat)(ringattn_comm_t c);
     void (*destroy)(ringattn_comm_t c);
 };
+
+#define RA_COMM_REASON_BYTES 384
 
 struct ringattn_comm {
     const struct ra_comm_ops *ops;
     int rank, size;
     void *impl;
-    unsigned exchanges; /* started so far: the next exchange's tags */
+    unsigned calls;     /* collective calls entered on this comm (ra__comm_agree) */
+    unsigned long refused_seen; /* the thread's refused calls at the last agreement */
+    int agreed;                 /* some agreement ran on it */
+    unsigned exchanges; /* started in the current call: the next exchange's tags */
+    int failed;         /* set for good by a transport error, a deadline or a peer's failure */
+    int active;         /* operations given up but still running over caller memory (MPI) */
+    double last_beat;   /* when ops->beat last ran (ra__comm_now) */
+    char reason[RA_COMM_REASON_BYTES]; /* why it failed */
 };
 
-/* Seconds a wait may take before it is an error (RINGATTN_COMM_TIMEOUT, default 60). */
+/* Seconds without progress before a wait is an error (RINGATTN_COMM_TIMEOUT, default 60). */
 double ra__comm_timeout_s(void);
+/* A monotonic clock, seconds. */
+double ra__comm_now(void);
 
-/* The first tag of the next exchange on c (slots add 0 .. RA_EXCHANGE_SLOTS - 1); every tag is
-   below 32767, the least MPI_TAG_UB an MPI library may have. */
+/* The first tag of the next exchange of the current call on c (slots add 0 ..
+   RA_EXCHANGE_SLOTS - 1): the call number modulo 31 and the exchange's place in the call modulo
+   512. Every tag is at most RA_COMM_TAG_MAX (32767 is the least MPI_TAG_UB an MPI may have). */
 int ra__comm_next_tag(ringattn_comm_t c);
+#define RA_COMM_TAG_MAX 32765
+#define RA_COMM_TAG_ALIVE 32766   /* a waiting rank that still progresses (MPI heartbeats) */
+#define RA_COMM_TAG_FAILURE 32767 /* the notice of a failed comm (MPI) */
+
+/*
+ * The agreement that opens a collective call of kind on plan (its creation's call number; 0
+ * for plan creation). local: this rank's own check of its arguments. vals[n] (n <= 48, may be
+ * NULL when n = 0) are reduced with MIN on every rank when every check passed. Returns local
+ * when it failed; otherwise an error naming the first rank that refused, or the mismatch of
+ * call numbers, kinds or plans; on a failed comm RINGATTN_ERR_COMM at once.
+ */
+ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind kind,
+                                 unsigned plan, ringattn_status_t local, int64_t *vals, int n);
+/* The agreement that closes a call: every rank returns the first failing rank's status. */
+ringattn_status_t ra__comm_conclude(ringattn_comm_t c, const char *fn, ringattn_status_t local);
+/* A collective call refused on this thread before it reached its comm (a NULL or destroyed
+   plan or comm): the next agreement of every comm this thread has agreed on carries it, so
+   that their peers do not pair their call with this thread's next one. */
+void ra__comm_refused(void);
+
+/* The transport entry points the ring uses: they fail fast on a failed comm, fail the comm on
+   any transport error, and name the peer/step in the message. */
+ringattn_status_t ra__comm_allgather(ringattn_comm_t c, const void *send, void *recv,
+                                     const size_t *bytes);
+ringattn_status_t ra__comm_start(ringattn_comm_t c, ra_exchange *x, void *stream);
+ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x);
+/* While a call's ring runs, the kernels' polls of stream send c's heartbeats (ops->beat). */
+void ra__comm_beacon_attach(ringattn_comm_t c, void *stream);
+void ra__comm_beacon_detach(ringattn_comm_t c, void *stream);
+/* Called with the failure's message recorded (ringattn_last_error): the comm is failed. */
+ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st);
 
 #endif

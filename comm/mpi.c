@@ -1,108 +1,139 @@
 /*
- * The MPI transport: non-blocking send/receive on a private duplicate of the caller's
- * communicator. Waits poll MPI_Testall against a deadline (RINGATTN_COMM_TIMEOUT seconds,
- * default 60) so a peer that never answers is an error, not a hang.
+ * The MPI transport: a private duplicate of the caller's communicator, with MPI_ERRORS_RETURN
+ * so that an MPI error is a status, never an abort. This file: the comm, the control plane
+ * (non-blocking collectives polled against the deadline) and failures; the data plane is
+ * comm/mpi_exchange.c. After a failure the comm keeps what MPI may still run (comm.h).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <mpi.h>
-
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/log.h"
 #include "base/registry.h"
-#include "comm/comm.h"
+#include "comm/mpi_impl.h"
 #include "ringattn_mpi.h"
 
-typedef struct mpi_impl {
-    MPI_Comm comm;
-    int *counts, *displs; /* [size] allgather */
-} mpi_impl;
+#define DEFAULT_CHUNK ((size_t)256 << 10)
 
-static MPI_Comm comm_of(ringattn_comm_t c) { return ((mpi_impl *)c->impl)->comm; }
-
-static ringattn_status_t mpi_error(const char *what, int rc)
+ringattn_status_t ra__mpi_error(ringattn_comm_t c, const char *what, int rc)
 {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    return ra__fail(RINGATTN_ERR_COMM, "ringattn comm mpi: %s: %s", what, msg);
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
+    return ra__fail(RINGATTN_ERR_COMM, "ringattn comm mpi: rank %d: %s: %s", c->rank, what, msg);
 }
 
-/* The MPI_Requests of an exchange live in its impl bytes: sends first, then receives. */
-_Static_assert(2 * RA_EXCHANGE_SLOTS * sizeof(MPI_Request) <= RA_EXCHANGE_IMPL_BYTES,
-               "an exchange's MPI_Requests fit its impl bytes");
-static MPI_Request *reqs(ra_exchange *x) { return (MPI_Request *)(void *)x->impl; }
-
-static ringattn_status_t mpi_test(ringattn_comm_t c, ra_exchange *x, int *done)
+void ra__mpi_orphan(ringattn_comm_t c, MPI_Request *req)
 {
-    (void)c;
-    const int rc = MPI_Testall(2 * RA_EXCHANGE_SLOTS, reqs(x), done, MPI_STATUSES_IGNORE);
-    return rc == MPI_SUCCESS ? RINGATTN_SUCCESS : mpi_error("MPI_Testall", rc);
-}
-
-static void mpi_poll(void *ctx)
-{
-    ra_exchange *x = ctx;
-    int done;
-    (void)mpi_test(x->comm, x, &done); /* a failure shows again in the wait */
-}
-
-static ringattn_status_t mpi_start(ringattn_comm_t c, ra_exchange *x, void *stream)
-{
-    MPI_Request *r = reqs(x);
-    x->comm = c;
-    x->tag = ra__comm_next_tag(c);
-    x->stream = NULL;
-    for (int i = 0; i < 2 * RA_EXCHANGE_SLOTS; ++i) r[i] = MPI_REQUEST_NULL;
-    int rc = MPI_SUCCESS;
-    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-        RA_CHECK(x->send[i].bytes <= (size_t)0x7fffffff && x->recv[i].bytes <= (size_t)0x7fffffff,
-                 RINGATTN_ERR_UNSUPPORTED,
-                 "ringattn comm mpi: message of %zu bytes, expected < 2 GiB per exchange",
-                 x->send[i].bytes > x->recv[i].bytes ? x->send[i].bytes : x->recv[i].bytes);
+    mpi_impl *impl = c->impl;
+    ++c->active;
+    if (impl->num_orphans == impl->cap_orphans) {
+        const int cap = impl->cap_orphans ? 2 * impl->cap_orphans : 8;
+        MPI_Request *grown = realloc(impl->orphans, (size_t)cap * sizeof *grown);
+        if (!grown) { /* unknown end: it stays active for good */
+            MPI_Request_free(req);
+            return;
+        }
+        impl->orphans = grown;
+        impl->cap_orphans = cap;
     }
-    for (int i = 0; rc == MPI_SUCCESS && i < RA_EXCHANGE_SLOTS; ++i)
-        if (x->recv[i].bytes)
-            rc = MPI_Irecv(x->recv[i].buf, (int)x->recv[i].bytes, MPI_BYTE, x->recv[i].peer,
-                           x->tag + i, comm_of(c), &r[RA_EXCHANGE_SLOTS + i]);
-    for (int i = 0; rc == MPI_SUCCESS && i < RA_EXCHANGE_SLOTS; ++i)
-        if (x->send[i].bytes)
-            rc = MPI_Isend(x->send[i].buf, (int)x->send[i].bytes, MPI_BYTE, x->send[i].peer,
-                           x->tag + i, comm_of(c), &r[i]);
-    if (rc != MPI_SUCCESS) return mpi_error("MPI_Isend/MPI_Irecv", rc);
-    if (stream && ra__host_stream_attach(stream, mpi_poll, x) == 0) x->stream = stream;
-    return RINGATTN_SUCCESS;
+    impl->orphans[impl->num_orphans++] = *req;
+    *req = MPI_REQUEST_NULL;
 }
 
-static ringattn_status_t mpi_wait(ringattn_comm_t c, ra_exchange *x)
+/* Tests the kept requests; returns how many still run. */
+static int mpi_still_active(ringattn_comm_t c)
 {
-    if (x->stream) ra__host_stream_detach(x->stream, x);
-    x->stream = NULL;
-    const double limit = ra__comm_timeout_s(), t0 = MPI_Wtime();
-    int done = 0;
-    while (!done) {
-        RA_TRY(mpi_test(c, x, &done));
-        if (!done && MPI_Wtime() - t0 > limit) {
-            MPI_Request *r = reqs(x);
-            for (int i = 0; i < 2 * RA_EXCHANGE_SLOTS; ++i)
-                if (r[i] != MPI_REQUEST_NULL) {
-                    MPI_Cancel(&r[i]);
-                    MPI_Request_free(&r[i]);
-                }
+    mpi_impl *impl = c->impl;
+    int running = 0;
+    for (int i = 0; i < impl->num_orphans; ++i) {
+        int flag = 1;
+        if (impl->orphans[i] != MPI_REQUEST_NULL)
+            MPI_Test(&impl->orphans[i], &flag, MPI_STATUS_IGNORE);
+        running += !flag;
+    }
+    if (running == 0) impl->num_orphans = 0;
+    const int lost = c->active - impl->num_orphans; /* freed unknown: never ends for us */
+    c->active = running + (lost > 0 ? lost : 0);
+    return c->active;
+}
+
+int ra__mpi_peer_failed(ringattn_comm_t c)
+{
+    mpi_impl *impl = c->impl;
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, RA_COMM_TAG_FAILURE, impl->comm, &flag, &st) != MPI_SUCCESS ||
+        !flag)
+        return 0;
+    MPI_Recv(c->reason, (int)sizeof c->reason, MPI_CHAR, st.MPI_SOURCE, RA_COMM_TAG_FAILURE,
+             impl->comm, MPI_STATUS_IGNORE);
+    c->reason[sizeof c->reason - 1] = '\0';
+    return 1;
+}
+
+static int mpi_peer_failed(ringattn_comm_t c) { return ra__mpi_peer_failed(c); }
+
+/* Tells every peer, without waiting: their waits poll for the notice. */
+static void mpi_notify_failure(ringattn_comm_t c)
+{
+    mpi_impl *impl = c->impl;
+    snprintf(impl->notice, sizeof impl->notice, "rank %d failed the comm: %.320s", c->rank,
+             c->reason);
+    for (int r = 0; r < c->size; ++r)
+        if (r != c->rank && impl->notices[r] == MPI_REQUEST_NULL)
+            MPI_Isend(impl->notice, (int)sizeof impl->notice, MPI_CHAR, r, RA_COMM_TAG_FAILURE,
+                      impl->comm, &impl->notices[r]);
+}
+
+/* A computing rank tells every peer (a peer may wait for it in a collective or an exchange). */
+static void mpi_beat(ringattn_comm_t c)
+{
+    for (int r = 0; r < c->size; ++r)
+        if (r != c->rank) ra__mpi_send_beat(c, r, 0.0);
+}
+
+/* Polls a collective until it completes, a peer fails or the deadline passes without progress
+   (a heartbeat from any rank); then it is kept (MPI can neither cancel nor free a collective). */
+static ringattn_status_t wait_collective(ringattn_comm_t c, MPI_Request *req, const char *what)
+{
+    const double limit = ra__comm_timeout_s();
+    double last = ra__comm_now();
+    for (;;) {
+        int flag = 0;
+        const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return ra__mpi_error(c, what, rc);
+        if (flag) return RINGATTN_SUCCESS;
+        if (ra__mpi_peer_failed(c)) {
+            ra__mpi_orphan(c, req);
+            return ra__fail(RINGATTN_ERR_COMM, "ringattn comm mpi: rank %d: %s: %s", c->rank,
+                            what, c->reason);
+        }
+        const double now = ra__comm_now();
+        ra__mpi_heard(c, NULL, NULL, now, &last);
+        if (now - last > limit) {
+            ra__mpi_orphan(c, req);
             return ra__fail(RINGATTN_ERR_COMM,
-                            "ringattn comm mpi: rank %d: exchange timed out after %.0f s", c->rank,
-                            limit);
+                            "ringattn comm mpi: rank %d: %s: no answer from some rank for %g s",
+                            c->rank, what, limit);
         }
     }
-    return RINGATTN_SUCCESS;
 }
 
 static ringattn_status_t mpi_allreduce(ringattn_comm_t c, int64_t *vals, int n, ra_reduce_op op)
 {
+    mpi_impl *impl = c->impl;
+    RA_CHECK(n >= 0 && n <= RA_ALLREDUCE_MAX, RINGATTN_ERR_INTERNAL,
+             "ringattn comm mpi: allreduce of %d values, expected <= %d", n, RA_ALLREDUCE_MAX);
     const MPI_Op mop = op == RA_REDUCE_SUM ? MPI_SUM : op == RA_REDUCE_MIN ? MPI_MIN : MPI_MAX;
-    const int rc = MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_INT64_T, mop, comm_of(c));
-    return rc == MPI_SUCCESS ? RINGATTN_SUCCESS : mpi_error("MPI_Allreduce", rc);
+    memcpy(impl->ctl, vals, (size_t)n * sizeof *vals);
+    MPI_Request req;
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, impl->ctl, n, MPI_INT64_T, mop, impl->comm, &req);
+    if (rc != MPI_SUCCESS) return ra__mpi_error(c, "MPI_Iallreduce", rc);
+    RA_TRY(wait_collective(c, &req, "MPI_Iallreduce"));
+    memcpy(vals, impl->ctl, (size_t)n * sizeof *vals);
+    return RINGATTN_SUCCESS;
 }
 
 static ringattn_status_t mpi_allgather(ringattn_comm_t c, const void *send, void *recv,
@@ -118,20 +149,48 @@ static ringattn_status_t mpi_allgather(ringattn_comm_t c, const void *send, void
         impl->displs[r] = (int)at;
         at += bytes[r];
     }
-    const int rc = MPI_Allgatherv(send, impl->counts[c->rank], MPI_BYTE, recv, impl->counts,
-                                  impl->displs, MPI_BYTE, impl->comm);
-    return rc == MPI_SUCCESS ? RINGATTN_SUCCESS : mpi_error("MPI_Allgatherv", rc);
+    MPI_Request req;
+    const int rc = MPI_Iallgatherv(send, impl->counts[c->rank], MPI_BYTE, recv, impl->counts,
+                                   impl->displs, MPI_BYTE, impl->comm, &req);
+    if (rc != MPI_SUCCESS) return ra__mpi_error(c, "MPI_Iallgatherv", rc);
+    return wait_collective(c, &req, "MPI_Iallgatherv");
+}
+
+static void impl_free(mpi_impl *impl)
+{
+    free(impl->counts);
+    free(impl->displs);
+    free(impl->notices);
+    free(impl->orphans);
+    free(impl);
+}
+
+/* A request this rank sent on its own (a notice, a heartbeat) has ended, or there is none. */
+static int test_done(MPI_Request *req)
+{
+    int flag = 1;
+    if (*req != MPI_REQUEST_NULL) MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    return flag;
 }
 
 static void mpi_destroy(ringattn_comm_t c)
 {
     mpi_impl *impl = c->impl;
-    int finalized = 0;
+    int finalized = 0, running = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&impl->comm);
-    free(impl->counts);
-    free(impl->displs);
-    free(impl);
+    if (!finalized) {
+        running = mpi_still_active(c);
+        for (int r = 0; r < c->size; ++r) running += !test_done(&impl->notices[r]);
+        for (size_t i = 0; i < sizeof impl->beats / sizeof impl->beats[0]; ++i)
+            running += !test_done(&impl->beats[i].req);
+        MPI_Comm_free(&impl->comm); /* freed by MPI once what runs on it ends */
+    }
+    if (running) /* MPI may still write what it holds: leave it to MPI */
+        ra__log(RA_LOG_WARN, c->rank, c->size,
+                "comm mpi: destroyed with %d operations still running after a failure; their "
+                "buffers (%zu bytes) stay allocated",
+                running, sizeof *impl);
+    else impl_free(impl);
     free(c);
 }
 
@@ -139,11 +198,50 @@ static const struct ra_comm_ops mpi_ops = {
     .name = "mpi",
     .allreduce_i64 = mpi_allreduce,
     .allgather = mpi_allgather,
-    .exchange_start = mpi_start,
-    .exchange_test = mpi_test,
-    .exchange_wait = mpi_wait,
+    .exchange_start = ra__mpi_exchange_start,
+    .exchange_test = ra__mpi_exchange_test,
+    .exchange_wait = ra__mpi_exchange_wait,
+    .notify_failure = mpi_notify_failure,
+    .peer_failed = mpi_peer_failed,
+    .still_active = mpi_still_active,
+    .beat = mpi_beat,
     .destroy = mpi_destroy,
 };
+
+/* The piece size (RINGATTN_MPI_CHUNK bytes, default 256 KiB), the same on every rank: the
+   smallest asked for (collective, at creation). */
+static int agree_chunk(mpi_impl *impl)
+{
+    const char *env = getenv("RINGATTN_MPI_CHUNK");
+    long long want = env ? atoll(env) : 0;
+    if (want < 64 || want > (1ll << 30)) want = (long long)DEFAULT_CHUNK;
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_LONG_LONG, MPI_MIN, impl->comm);
+    impl->chunk = (size_t)want;
+    return rc;
+}
+
+/* The duplicate and what a comm holds; MPI's status, or -1 out of memory. */
+static int comm_make(MPI_Comm mpi_comm, struct ringattn_comm *c, mpi_impl *impl)
+{
+    int rc = MPI_Comm_dup(mpi_comm, &impl->comm);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(impl->comm, &c->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(impl->comm, &c->size);
+    if (rc == MPI_SUCCESS) rc = agree_chunk(impl);
+    if (rc == MPI_SUCCESS) {
+        impl->counts = malloc((size_t)c->size * sizeof *impl->counts);
+        impl->displs = malloc((size_t)c->size * sizeof *impl->displs);
+        impl->notices = malloc((size_t)c->size * sizeof *impl->notices);
+        if (!impl->counts || !impl->displs || !impl->notices) rc = -1;
+        for (int r = 0; rc == MPI_SUCCESS && r < c->size; ++r)
+            impl->notices[r] = MPI_REQUEST_NULL;
+        for (size_t i = 0; i < sizeof impl->beats / sizeof impl->beats[0]; ++i)
+            impl->beats[i].req = MPI_REQUEST_NULL;
+    }
+    if (rc != MPI_SUCCESS) MPI_Comm_free(&impl->comm);
+    return rc;
+}
 
 ringattn_status_t ringattn_comm_create_mpi(MPI_Comm mpi_comm, ringattn_comm_t *comm)
 {
@@ -163,25 +261,19 @@ ringattn_status_t ringattn_comm_create_mpi(MPI_Comm mpi_comm, ringattn_comm_t *c
         free(impl);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
-    int rc = MPI_Comm_dup(mpi_comm, &impl->comm);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(impl->comm, &c->rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(impl->comm, &c->size);
-    if (rc == MPI_SUCCESS) {
-        impl->counts = malloc((size_t)c->size * sizeof *impl->counts);
-        impl->displs = malloc((size_t)c->size * sizeof *impl->displs);
-    }
-    if (rc != MPI_SUCCESS || !impl->counts || !impl->displs) {
+    const int rc = comm_make(mpi_comm, c, impl);
+    if (rc != MPI_SUCCESS) {
+        const ringattn_status_t st =
+            rc == -1 ? ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn)
+                     : ra__mpi_error(c, "MPI_Comm_dup", rc);
         ra__registry_remove(c);
-        if (rc == MPI_SUCCESS) MPI_Comm_free(&impl->comm);
-        free(impl->counts);
-        free(impl->displs);
+        impl_free(impl);
         free(c);
-        free(impl);
-        return rc != MPI_SUCCESS ? mpi_error("MPI_Comm_dup", rc)
-                                 : ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        return st;
     }
     c->ops = &mpi_ops;
     c->impl = impl;
     *comm = c;
+    ra__clear_error();
     return RINGATTN_SUCCESS;
 }

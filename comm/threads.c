@@ -2,10 +2,12 @@
  * The "threads" transport: N ranks as threads of one process (fast ring tests without mpirun,
  * and in-process users). Messages are matched like MPI's (source, tag) and copied straight
  * from the sender's buffer, which the sender keeps until its wait returns. Every wait has a
- * deadline (RINGATTN_COMM_TIMEOUT seconds, default 60): a rank that never answers is an error,
- * not a hang.
+ * deadline of no progress for RINGATTN_COMM_TIMEOUT seconds (default 60): a rank that never
+ * answers is an error, not a hang. A failure on one rank fails the hub, so that every rank's
+ * waits end at once (comm.h).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +41,26 @@ typedef struct hub {
     unsigned generation;
     int64_t acc[RA_ALLREDUCE_MAX], result[RA_ALLREDUCE_MAX];
     const void **gather_src; /* [size] */
+    unsigned long moves;         /* messages completed on the hub: the ring's progress */
+    int failed;                  /* some rank failed the comm: every wait ends */
+    char reason[RA_COMM_REASON_BYTES];
 } hub;
 
+/* RINGATTN_COMM_TIMEOUT from now, for pthread_cond_timedwait (CLOCK_REALTIME). */
 static struct timespec deadline(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)ra__comm_timeout_s();
+    const double s = ra__comm_timeout_s();
+    const long ns = ts.tv_nsec + (long)((s - (double)(time_t)s) * 1e9);
+    ts.tv_sec += (time_t)s + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
     return ts;
+}
+
+static ringattn_status_t hub_failed(ringattn_comm_t c, const hub *h)
+{
+    return ra__fail(RINGATTN_ERR_COMM, "ringattn comm threads: rank %d: %s", c->rank, h->reason);
 }
 
 static void unlink_post(hub *h, post *p)
@@ -59,8 +73,10 @@ static void unlink_post(hub *h, post *p)
     p->live = 0;
 }
 
-/* One matching attempt, lock held. Returns 1 when the exchange is complete. */
-static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st)
+/* One matching attempt, lock held. Returns 1 when the exchange is complete; *moved is set
+   when one of its messages completed. */
+static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st,
+                           int *moved)
 {
     int complete = 1;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
@@ -76,11 +92,16 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
             else memcpy(r->buf, p->buf, p->bytes);
             p->consumed = 1;
             r->bytes = 0; /* received */
+            ++h->moves;
+            *moved = 1;
             pthread_cond_broadcast(&h->cv);
             break;
         }
         post *mine = &posts_of(x)[i];
-        if (mine->live && mine->consumed) unlink_post(h, mine);
+        if (mine->live && mine->consumed) {
+            unlink_post(h, mine);
+            *moved = 1;
+        }
         complete = complete && !r->bytes && !mine->live;
     }
     return complete;
@@ -91,8 +112,9 @@ static void th_poll(void *ctx)
     ra_exchange *x = ctx;
     hub *h = x->comm->impl;
     ringattn_status_t st = RINGATTN_SUCCESS; /* a failure shows again in the wait */
+    int moved = 0;
     pthread_mutex_lock(&h->mu);
-    (void)progress_locked(x->comm, h, x, &st);
+    (void)progress_locked(x->comm, h, x, &st, &moved);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -123,10 +145,26 @@ static ringattn_status_t th_test(ringattn_comm_t c, ra_exchange *x, int *done)
 {
     hub *h = c->impl;
     ringattn_status_t st = RINGATTN_SUCCESS;
+    int moved = 0;
     pthread_mutex_lock(&h->mu);
-    *done = progress_locked(c, h, x, &st);
+    *done = progress_locked(c, h, x, &st, &moved);
     pthread_mutex_unlock(&h->mu);
     return st;
+}
+
+/* Gives up an exchange, lock held: its posts are withdrawn (their buffers go back to the
+   sender), its receives dropped. Returns the first peer it was still waiting for. */
+static int give_up_locked(hub *h, ra_exchange *x)
+{
+    int from = -1;
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+        post *mine = &posts_of(x)[i];
+        if (mine->live) unlink_post(h, mine);
+        if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
+        if (mine->live && from < 0) from = mine->dst;
+        x->recv[i].bytes = 0;
+    }
+    return from;
 }
 
 static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
@@ -135,29 +173,40 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
     ringattn_status_t st = RINGATTN_SUCCESS;
     if (x->stream) ra__host_stream_detach(x->stream, x);
     x->stream = NULL;
-    const struct timespec until = deadline();
+    struct timespec until = deadline();
+    int moved = 0;
     pthread_mutex_lock(&h->mu);
-    while (!progress_locked(c, h, x, &st)) {
-        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT) continue;
-        int from = -1;
-        for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-            post *mine = &posts_of(x)[i];
-            if (mine->live) unlink_post(h, mine); /* the sender's buffer goes away */
-            if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
-            x->recv[i].bytes = 0;
+    unsigned long seen = h->moves;
+    while (!progress_locked(c, h, x, &st, &moved)) {
+        if (h->failed) {
+            give_up_locked(h, x);
+            st = hub_failed(c, h);
+            break;
         }
+        /* the deadline counts time without progress anywhere in the ring: this rank may wait
+           on one that waits on a slow one (comm/mpi_exchange.c's heartbeats, in one process) */
+        if (moved || h->moves != seen) {
+            moved = 0;
+            seen = h->moves;
+            until = deadline();
+        }
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != ETIMEDOUT) continue;
+        const int from = give_up_locked(h, x);
         st = ra__fail(RINGATTN_ERR_COMM,
-                      "ringattn comm threads: rank %d: timed out waiting for rank %d", c->rank,
-                      from);
+                      "ringattn comm threads: rank %d: no progress for %g s waiting for rank %d",
+                      c->rank, ra__comm_timeout_s(), from);
+        break;
     }
     pthread_mutex_unlock(&h->mu);
     return st;
 }
 
-/* Every rank at the same point, lock held; RINGATTN_ERR_COMM at the deadline. */
-static ringattn_status_t barrier_locked(ringattn_comm_t c, hub *h, const struct timespec *until,
+/* Every rank at the same point, lock held; RINGATTN_ERR_COMM after the deadline without
+   progress on the hub (a rank still computing beats, th_beat). */
+static ringattn_status_t barrier_locked(ringattn_comm_t c, hub *h, struct timespec until,
                                         const char *what)
 {
+    if (h->failed) return hub_failed(c, h);
     if (++h->arrived == h->size) {
         h->arrived = 0;
         ++h->generation;
@@ -165,10 +214,19 @@ static ringattn_status_t barrier_locked(ringattn_comm_t c, hub *h, const struct 
         return RINGATTN_SUCCESS;
     }
     const unsigned gen = h->generation;
-    while (gen == h->generation)
-        if (pthread_cond_timedwait(&h->cv, &h->mu, until) == ETIMEDOUT)
-            return ra__fail(RINGATTN_ERR_COMM, "ringattn comm threads: rank %d: %s timed out",
-                            c->rank, what);
+    unsigned long seen = h->moves;
+    while (gen == h->generation) {
+        if (h->failed) return hub_failed(c, h);
+        if (h->moves != seen) {
+            seen = h->moves;
+            until = deadline();
+        }
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT)
+            return ra__fail(RINGATTN_ERR_COMM,
+                            "ringattn comm threads: rank %d: %s: no answer from some rank for "
+                            "%g s",
+                            c->rank, what, ra__comm_timeout_s());
+    }
     return RINGATTN_SUCCESS;
 }
 
@@ -188,10 +246,15 @@ static ringattn_status_t th_allreduce(ringattn_comm_t c, int64_t *vals, int n, r
              "ringattn comm threads: allreduce of %d values, expected <= %d", n, RA_ALLREDUCE_MAX);
     const struct timespec until = deadline();
     pthread_mutex_lock(&h->mu);
+    if (h->failed) {
+        const ringattn_status_t st = hub_failed(c, h);
+        pthread_mutex_unlock(&h->mu);
+        return st;
+    }
     if (h->arrived == 0) memcpy(h->acc, vals, (size_t)n * sizeof *vals);
     else combine(h->acc, vals, n, op);
     if (h->arrived + 1 == h->size) memcpy(h->result, h->acc, (size_t)n * sizeof *vals);
-    const ringattn_status_t st = barrier_locked(c, h, &until, "allreduce");
+    const ringattn_status_t st = barrier_locked(c, h, until, "allreduce");
     if (st == RINGATTN_SUCCESS) memcpy(vals, h->result, (size_t)n * sizeof *vals);
     pthread_mutex_unlock(&h->mu);
     return st;
@@ -206,7 +269,7 @@ static ringattn_status_t th_allgather(ringattn_comm_t c, const void *send, void 
     const struct timespec until = deadline();
     pthread_mutex_lock(&h->mu);
     h->gather_src[c->rank] = send;
-    ringattn_status_t st = barrier_locked(c, h, &until, "allgather");
+    ringattn_status_t st = barrier_locked(c, h, until, "allgather");
     pthread_mutex_unlock(&h->mu);
     if (st != RINGATTN_SUCCESS) return st;
     size_t at = 0;
@@ -215,9 +278,49 @@ static ringattn_status_t th_allgather(ringattn_comm_t c, const void *send, void 
         at += bytes[r];
     }
     pthread_mutex_lock(&h->mu);
-    st = barrier_locked(c, h, &until, "allgather");
+    st = barrier_locked(c, h, until, "allgather");
     pthread_mutex_unlock(&h->mu);
     return st;
+}
+
+static void th_notify_failure(ringattn_comm_t c)
+{
+    hub *h = c->impl;
+    pthread_mutex_lock(&h->mu);
+    if (!h->failed) {
+        h->failed = 1;
+        snprintf(h->reason, sizeof h->reason, "rank %d failed the comm: %.300s", c->rank,
+                 c->reason);
+    }
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int th_peer_failed(ringattn_comm_t c)
+{
+    hub *h = c->impl;
+    pthread_mutex_lock(&h->mu);
+    const int failed = h->failed;
+    if (failed) snprintf(c->reason, sizeof c->reason, "%s", h->reason);
+    pthread_mutex_unlock(&h->mu);
+    return failed;
+}
+
+/* A computing rank is progress for every waiting one (their deadlines count from it). */
+static void th_beat(ringattn_comm_t c)
+{
+    hub *h = c->impl;
+    pthread_mutex_lock(&h->mu);
+    ++h->moves;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Nothing outlives a wait here: a given-up exchange's posts are withdrawn under the lock. */
+static int th_still_active(ringattn_comm_t c)
+{
+    (void)c;
+    return 0;
 }
 
 static void th_destroy(ringattn_comm_t c)
@@ -242,6 +345,10 @@ static const struct ra_comm_ops threads_ops = {
     .exchange_start = th_start,
     .exchange_test = th_test,
     .exchange_wait = th_wait,
+    .notify_failure = th_notify_failure,
+    .peer_failed = th_peer_failed,
+    .still_active = th_still_active,
+    .beat = th_beat,
     .destroy = th_destroy,
 };
 
@@ -271,7 +378,8 @@ ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *c
     pthread_cond_init(&h->cv, NULL);
     h->size = h->refs = num_ranks;
     for (int r = 0; r < num_ranks; ++r) {
-        *made[r] = (struct ringattn_comm){&threads_ops, r, num_ranks, h, 0};
+        *made[r] = (struct ringattn_comm){.ops = &threads_ops, .rank = r, .size = num_ranks,
+                                          .impl = h};
         comms[r] = made[r];
     }
     free(made);

@@ -159,6 +159,20 @@ typedef struct ringattn_tensors {
  * of this process: comms[r] is rank r's handle, used by one thread; destroy each.
  */
 RINGATTN_API ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms);
+/*
+ * Failure semantics of collective calls (plan creation, forward, backward; docs/DESIGN.md,
+ * "Failure semantics"). A call never returns success on one rank while it failed on another,
+ * and never pairs with another call of a peer.
+ * - Arguments refused on some rank, or ranks in different calls (a rank that passed a NULL or
+ *   destroyed plan and went on to its next call, a forward meeting a backward, another plan):
+ *   RINGATTN_ERR_INVALID_ARGUMENT / _INVALID_USAGE on every rank, at once. The comm and plans
+ *   stay usable and the next call pairs up again: every rank may retry.
+ * - RINGATTN_ERR_COMM: a transport error, or no progress for RINGATTN_COMM_TIMEOUT seconds
+ *   (default 60; a slow link that still moves is not an error). The comm has failed on every
+ *   rank: every later call on it or its plans fails at once with RINGATTN_ERR_COMM. Destroy its
+ *   plans and the comm, then create a new comm (on every rank) to go on. Buffers the transport
+ *   may still use are left allocated rather than freed under it (logged).
+ */
 RINGATTN_API ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size);
 /* NULL is a no-op. */
 RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);

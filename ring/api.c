@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "base/error.h"
+#include "comm/comm.h"
 #include "ring/call.h"
 #include "ring/compat.h"
 #include "ring/plan/buffers.h"
@@ -82,7 +83,10 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
                                     const ringattn_tensors_t *caller, void *stream, int backward,
                                     ra_call *c)
 {
-    RA_TRY(ra__plan_check(fn, plan));
+    if (ra__plan_check(fn, plan) != RINGATTN_SUCCESS) {
+        ra__comm_refused(); /* no ring to agree over: the next agreement carries the refusal */
+        return plan == NULL ? RINGATTN_ERR_INVALID_ARGUMENT : RINGATTN_ERR_INVALID_USAGE;
+    }
     ringattn_tensors_t t;
     ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
     if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
@@ -90,22 +94,43 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
     return ra__call_agree(plan, fn, st, backward, c);
 }
 
+/*
+ * (While the ring runs, the kernels' polls send this rank's heartbeats: comm.h.) The ring's
+ * result, agreed: every rank returns the first failing rank's status, so that no
+ * rank reports success for a call that failed elsewhere (the backward's sums would lack that
+ * rank's part). A comm error leaves the plan pinned while the transport may still run over its
+ * buffers (DESIGN, failure semantics).
+ */
+static ringattn_status_t call_end(const char *fn, ringattn_plan_t plan, ringattn_status_t st)
+{
+    if (plan->comm) {
+        st = ra__comm_conclude(plan->comm, fn, st);
+        if (st == RINGATTN_ERR_COMM && plan->comm->active) plan->pinned = 1;
+    }
+    if (st == RINGATTN_SUCCESS) ra__clear_error();
+    return st;
+}
+
 ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                    void *stream)
 {
+    static const char fn[] = "ringattn_forward";
     ra_call c = {0};
-    RA_TRY(call_begin("ringattn_forward", plan, t, stream, 0, &c));
-    RA_TRY(ra__ring_forward(plan, &c));
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
+    RA_TRY(call_begin(fn, plan, t, stream, 0, &c));
+    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
+    const ringattn_status_t st = ra__ring_forward(plan, &c);
+    if (plan->comm) ra__comm_beacon_detach(plan->comm, &plan->stream);
+    return call_end(fn, plan, st);
 }
 
 ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                     void *stream)
 {
+    static const char fn[] = "ringattn_backward";
     ra_call c = {0};
-    RA_TRY(call_begin("ringattn_backward", plan, t, stream, 1, &c));
-    RA_TRY(ra__ring_backward(plan, &c));
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
+    RA_TRY(call_begin(fn, plan, t, stream, 1, &c));
+    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
+    const ringattn_status_t st = ra__ring_backward(plan, &c);
+    if (plan->comm) ra__comm_beacon_detach(plan->comm, &plan->stream);
+    return call_end(fn, plan, st);
 }

@@ -24,25 +24,21 @@ static float order_float(int64_t v)
 }
 
 ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringattn_status_t local,
-                                 int lse_in, ra_call *c)
+                                 int backward, ra_call *c)
 {
+    const int lse_in = backward;
     ra_scan scan = {0.0f, 0.0f, 0};
     if (local == RINGATTN_SUCCESS) {
         const ra_scan_io io = {&c->a.q, &c->a.k, p->kp.queries->rows, ra__local_keys(p)->rows,
                                lse_in ? c->a.lse : NULL};
         local = p->be->scan(p->ws, &p->kp, &io, &scan);
     }
-    if (p->ranks > 1) { /* MIN of {ok, -max |K|, -lossy}: all valid, the ring's max, any lossy */
-        int64_t v[3] = {local == RINGATTN_SUCCESS, -float_order(scan.k_absmax),
-                        -(int64_t)(scan.lossy_rows > 0)};
-        RA_TRY(p->comm->ops->allreduce_i64(p->comm, v, 3, RA_REDUCE_MIN));
-        if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
-        RA_CHECK(v[0] == 1, RINGATTN_ERR_INVALID_ARGUMENT,
-                 "%s: tensors: refused on another rank (this is rank %d of %d), expected valid "
-                 "arguments on every rank (see that rank's message)",
-                 fn, p->rank, p->ranks);
-        scan.k_absmax = order_float(-v[1]);
-        scan.lossy_rows = -v[2];
+    if (p->comm) { /* MIN of {-max |K|, -lossy}: the ring's max, any lossy */
+        int64_t v[2] = {-float_order(scan.k_absmax), -(int64_t)(scan.lossy_rows > 0)};
+        RA_TRY(ra__comm_agree(p->comm, fn, backward ? RA_CALL_BACKWARD : RA_CALL_FORWARD, p->id,
+                              local, v, 2));
+        scan.k_absmax = order_float(-v[0]);
+        scan.lossy_rows = -v[1];
     }
     RA_TRY(local);
     /* SPEC 9: every partial sum of q . k is at most D max|q| max|k| (NaN: no; it propagates) */

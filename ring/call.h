@@ -25,13 +25,14 @@ typedef struct ra_call {
 
 /*
  * Collective over the plan's ring: local is this rank's check of its arguments (c->a). Scans
- * them through the backend (largest |Q| and |K|, lossy LSE rows when lse_in), then one
- * allreduce tells every rank whether all arguments were valid, the largest |K| of the ring and
- * whether any rank needs the recomputation. A rank whose arguments were refused keeps its own
- * message; the others fail too, before any K/V moves, so that no rank waits for one that left
- * the call, and a retried call never meets messages of the failed one.
+ * them through the backend (largest |Q| and |K|; lossy LSE rows in the backward), then the
+ * call's agreement (comm/comm.h: ra__comm_agree, which also checks that every rank is in the
+ * same call of the same plan) tells every rank whether all arguments were valid, the largest
+ * |K| of the ring and whether any rank needs the recomputation. A rank whose arguments were
+ * refused keeps its own message; the others fail too, before any K/V moves, so that no rank
+ * waits for one that left the call, and a retried call never meets messages of the failed one.
  */
 ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringattn_status_t local,
-                                 int lse_in, ra_call *c);
+                                 int backward, ra_call *c);
 
 #endif

@@ -15,7 +15,7 @@
 /* Every shard's bias into b->host_bias (shard after shard), then into the backend's copy. */
 static ringattn_status_t gather_bias(struct ringattn_plan *p, ra_buffers *b)
 {
-    RA_TRY(p->comm->ops->allgather(p->comm, b->host_own_bias, b->host_bias, b->bias_bytes));
+    RA_TRY(ra__comm_allgather(p->comm, b->host_own_bias, b->host_bias, b->bias_bytes));
     return p->be->from_host(b->bias, b->host_bias, (size_t)b->bias_at[p->ranks] * sizeof(float),
                             &p->stream);
 }

@@ -45,10 +45,10 @@ ra_msg ra__ring_pass_recv(const struct ringattn_plan *p, void *buf, int t,
 ringattn_status_t ra__ring_pass_kv(struct ringattn_plan *p, int cur, int t, ra_exchange *x)
 {
     ra_buffers *b = p->buf;
-    *x = (ra_exchange){0};
+    *x = (ra_exchange){.step = t};
     x->send[0] = ra__ring_pass_send(p, b->kv[cur], t, ra__shard_kv_bytes);
     x->recv[0] = ra__ring_pass_recv(p, b->kv[!cur], t, ra__shard_kv_bytes);
-    return p->comm->ops->exchange_start(p->comm, x, &p->stream);
+    return ra__comm_start(p->comm, x, &p->stream);
 }
 
 void ra__ring_held_kv(const struct ringattn_plan *p, const ra_call *c, int cur, int t, ra_view *k,
@@ -96,7 +96,7 @@ ringattn_status_t ra__ring_forward_pass(struct ringattn_plan *p, const ra_call *
             io.dyn = ra__ring_dyn_io(p, pr, t, NULL);
             st = p->be->attend_forward(p->ws, &p->kp, &io);
         }
-        if (moving) RA_TRY(p->comm->ops->exchange_wait(p->comm, &x)); /* even after a failure */
+        if (moving) RA_TRY(ra__comm_wait(p->comm, &x)); /* even after a failure */
     }
     return st;
 }

@@ -73,7 +73,7 @@ static ringattn_status_t pass_sums(struct ringattn_plan *p, void *const sums[2],
                                    int moving)
 {
     const int r = p->rank, src = ra__held_shard(p, r, t);
-    ra_exchange x = {0};
+    ra_exchange x = {.step = t};
     if (moving) {
         x.send[0] = ra__ring_pass_send(p, sums[cur], t, ra__shard_grad_bytes);
         x.recv[0] = ra__ring_pass_recv(p, sums[!cur], t, ra__shard_grad_bytes);
@@ -81,8 +81,8 @@ static ringattn_status_t pass_sums(struct ringattn_plan *p, void *const sums[2],
     x.send[1] = (ra_msg){sums[cur], p->last_hop[src] == t ? ra__shard_grad_bytes(p, src) : 0, src};
     x.recv[1] = (ra_msg){p->buf->returned, p->last_hop[r] == t ? ra__shard_grad_bytes(p, r) : 0,
                          (r + t) % p->ranks};
-    RA_TRY(p->comm->ops->exchange_start(p->comm, &x, &p->stream));
-    return p->comm->ops->exchange_wait(p->comm, &x);
+    RA_TRY(ra__comm_start(p->comm, &x, &p->stream));
+    return ra__comm_wait(p->comm, &x);
 }
 
 ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c)
@@ -115,7 +115,7 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c)
             io.dyn = ra__ring_dyn_io(p, &pr, t, c->a.dbias ? sb : NULL);
             st = p->be->attend_backward(p->ws, &p->kp, &io);
         }
-        if (moving) RA_TRY(p->comm->ops->exchange_wait(p->comm, &x));
+        if (moving) RA_TRY(ra__comm_wait(p->comm, &x));
         if (t == 0) { /* own_part keeps our part; the shard arriving for step 1 starts at zero */
             sums[0] = b->sums[0];
             if (moving)

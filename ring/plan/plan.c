@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "ring/plan/agree.h"
@@ -40,10 +41,23 @@ static void *plan_copy(struct ringattn_plan *p, const void *src, size_t bytes)
     return dst;
 }
 
+/* Can the ring's buffers go? Not while a transport may still run over them after a failure
+   (an MPI send cannot be cancelled): then they are left allocated, and the log says so. */
+static int buffers_free_to_go(struct ringattn_plan *p)
+{
+    if (!p->pinned) return 1;
+    if (ra__registry_contains(p->comm) && p->comm->ops->still_active(p->comm) == 0) return 1;
+    ra__log(RA_LOG_WARN, p->rank, p->ranks,
+            "ringattn_plan_destroy: the transport may still use the ring's buffers after a "
+            "failure; %zu bytes stay allocated",
+            p->buf ? p->buf->bytes + p->buf->host_bytes : (size_t)0);
+    return 0;
+}
+
 static void plan_free(struct ringattn_plan *p)
 {
     if (p->ws) p->be->workspace_destroy(p->ws);
-    if (p->be) ra__buffers_free(p);
+    if (p->be && buffers_free_to_go(p)) ra__buffers_free(p);
     ra__select_free(p->select);
     for (int r = 0; p->shards && r < p->num_shards; ++r) ra__shard_free(&p->shards[r]);
     free(p->shards);
@@ -133,6 +147,7 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
 {
     p->comm = comm;
     p->rank = comm ? comm->rank : 0;
+    p->id = comm ? comm->calls : 0; /* the agreement just numbered this call */
     p->ranks = comm ? comm->size : 1;
     p->layout = d->layout;
     p->be = be;
@@ -154,8 +169,11 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
 ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
                                        ringattn_plan_t *plan)
 {
-    RA_CHECK(comm == NULL || ra__registry_contains(comm), RINGATTN_ERR_INVALID_USAGE,
-             FN ": comm: got %p, expected NULL or a live communicator", (void *)comm);
+    if (comm != NULL && !ra__registry_contains(comm)) {
+        ra__comm_refused(); /* no comm to agree over: the next agreement carries it */
+        return ra__fail(RINGATTN_ERR_INVALID_USAGE,
+                        FN ": comm: got %p, expected NULL or a live communicator", (void *)comm);
+    }
     /* In a ring every rank reaches the agreement below, even with bad arguments: a rank that
        returned early would leave the others waiting. */
     ringattn_plan_desc_t d;
@@ -190,5 +208,6 @@ ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan)
              "ringattn_plan_destroy: plan: got %p, expected a live plan (destroyed twice?)",
              (void *)plan);
     plan_free(plan);
+    ra__clear_error();
     return RINGATTN_SUCCESS;
 }

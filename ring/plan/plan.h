@@ -36,6 +36,9 @@ struct ringattn_plan {
     /* The ring: a single-rank plan has comm == NULL and ranks == 1. */
     ringattn_comm_t comm;
     int rank, ranks;
+    unsigned id; /* the comm's number of the call that made the plan, in every call's agreement */
+    int pinned;  /* a call failed with the transport still running over the buffers: destroy
+                    frees them only once the comm says nothing runs (DESIGN, failure semantics) */
     int num_steps;               /* ring steps: 1 + the longest journey of any shard */
     unsigned char *step_compute; /* [ranks] does this rank compute at step t (EMPTY skipped) */
     int *last_hop;               /* [ranks] shard s travels s -> s+1 -> ... -> s+last_hop[s] */
