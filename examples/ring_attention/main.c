@@ -12,9 +12,11 @@
  * each pass (max and min over ranks), GFLOP/s (allowed query-key pairs only), the K/V bytes each
  * rank sent, and the error of a sample of rows per rank (all heads) of O, LSE and dQ against a
  * float64 computation done here. Every rank exits 1 when an error is above the SPEC 9
- * tolerance, 2 on a usage or API error. The helpers it shares with the other examples
- * (float16/bfloat16 storage, random inputs, the mask, the float64 reference, MPI helpers) are in
- * ../common/example_util.h and ../common/example_mpi.h.
+ * tolerance, 2 on a usage or API error. --digest also prints, per rank, FNV-1a 64 hashes of the
+ * bytes of its O, LSE, dQ, dK and dV (tests/multinode compares runs across hosts bit for bit).
+ * The helpers it shares with the other examples (float16/bfloat16 storage, random inputs, the
+ * mask, the float64 reference, MPI helpers) are in ../common/example_util.h and
+ * ../common/example_mpi.h.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, sysconf */
 #include <mpi.h>
@@ -41,6 +43,7 @@ typedef struct {
     int sample;      /* rows checked per rank */
     uint64_t seed;
     int backward;
+    int digest;      /* print hashes of every rank's outputs */
 } options_t;
 
 static int rank_, ranks_; /* this process's place in MPI_COMM_WORLD */
@@ -174,6 +177,28 @@ static void print_schedule(const ring_map_t *m, ringattn_plan_t plan) {
     free(all);
 }
 
+/* ---- digest: FNV-1a 64 of each output's bytes; rank 0 prints every rank's, in rank order ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t bytes) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+static void print_digest(const void *const bufs[5], const size_t bytes[5], int n) {
+    uint64_t mine[5], *all = xmalloc(sizeof(uint64_t) * 5 * (size_t)ranks_);
+    for (int i = 0; i < 5; ++i)
+        mine[i] = i < n ? fnv1a(14695981039346656037ull, bufs[i], bytes[i]) : 0;
+    MPI_Gather(mine, 5, MPI_UINT64_T, all, 5, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    for (int r = 0; rank_ == 0 && r < ranks_; ++r) {
+        const uint64_t *h = all + 5 * r;
+        printf("digest rank %d: O %016llx LSE %016llx dQ %016llx dK %016llx dV %016llx\n", r,
+               (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
+               (unsigned long long)h[3], (unsigned long long)h[4]);
+    }
+    free(all);
+}
+
 /* ---- checks on a sample of this rank's rows ---- */
 
 typedef struct {
@@ -217,22 +242,24 @@ static void check_rows(const reference_inputs_t *in, const local_t *lc, const in
 static void usage(const char *argv0) {
     printf("usage: mpirun -n P %s [--seq T] [--seqs N] [--heads H] [--kv-heads HKV] [--dim D]\n"
            "          [--window W] [--layout contiguous|zigzag|striped] [--dtype f32|f16|bf16]\n"
-           "          [--threads N] [--sample ROWS] [--seed S] [--no-backward]\n"
+           "          [--threads N] [--sample ROWS] [--seed S] [--no-backward] [--digest]\n"
            "defaults: --seq 32768 --seqs 1 --heads 8 --kv-heads 2 --dim 128 --window 4096\n"
            "          (causal sliding window; 0 = plain causal, -1 = no mask) --layout zigzag\n"
            "          --dtype f32 --threads 0 (OMP_NUM_THREADS if set, else cores / ranks on\n"
-           "          the node, at least 1) --sample 16 (rows per rank)\n",
+           "          the node, at least 1) --sample 16 (rows per rank)\n"
+           "--digest prints hashes of every rank's O, LSE, dQ, dK, dV (bitwise comparisons)\n",
            argv0);
 }
 
 /* 1 = run, 0 = bad flags, -1 = --help; messages on rank 0 only (every rank parses the same) */
 static int parse(int argc, char **argv, options_t *o) {
     *o = (options_t){32768, 1, 8, 2, 128, 4096, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_FLOAT32,
-                     0, 16, 1234, 1};
+                     0, 16, 1234, 1, 0};
     const int say = rank_ == 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-backward")) { o->backward = 0; continue; }
+        if (!strcmp(a, "--digest")) { o->digest = 1; continue; }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (say) usage(argv[0]); return -1; }
         if (!v) { if (say) fprintf(stderr, "%s: missing value or unknown flag\n", a); return 0; }
         ++i;
@@ -372,6 +399,14 @@ static int run(const options_t *opt, int threads) {
         if (ok && rank_ == 0)
             printf("backward: %9.1f ms (slowest rank; fastest %.1f ms)  %7.1f GFLOP/s\n",
                    1e3 * bmax_s, 1e3 * bmin_s, bwd_flop / bmax_s * 1e-9);
+    }
+    if (ok && opt->digest) {
+        const void *bufs[5] = {sh.o, sh.lse, sh.dq, sh.dk, sh.dv};
+        const size_t bytes[5] = {(size_t)(rows * H * D) * es, sizeof(float) * (size_t)(rows * H),
+                                 (size_t)(rows * H * D) * es, (size_t)(rows * HKV * D) * es,
+                                 (size_t)(rows * HKV * D) * es};
+        print_digest(bufs, bytes, opt->backward ? 5 : 2); /* collective */
+        fflush(stdout);
     }
     int status = 2;
     if (ok) {

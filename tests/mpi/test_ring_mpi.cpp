@@ -3,12 +3,20 @@
 // against the float64 oracle under SPEC 9, for every layout and mask of the catalogue; a
 // sub-communicator; a descriptor mismatch failing on every rank within seconds; dynamic masks
 // (SPEC 6: key bias of 1, H_kv or H heads, global top-k) the same way.
+//
+// RATEST_DIGEST=<prefix> (tests/multinode): every rank also writes one line per ring run, with
+// FNV-1a 64 hashes of the outputs it produced itself, to <prefix>.<world rank>, so that a run
+// across hosts can be compared bit for bit with a run on one host.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
 
 #include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "ring/ring_check.hpp"
 #include "ringattn_mpi.h"
@@ -30,6 +38,39 @@ void allreduce_sum(std::vector<float> &v, MPI_Comm comm)
     MPI_Allreduce(MPI_IN_PLACE, v.data(), (int)v.size(), MPI_FLOAT, MPI_SUM, comm);
 }
 
+uint64_t fnv1a(const std::vector<float> &v)
+{
+    uint64_t h = 14695981039346656037ull;
+    const auto *p = reinterpret_cast<const unsigned char *>(v.data());
+    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+// One line per ring run: the test case, the run's number in it (runs follow the same order on
+// every host), the status and the hashes of this rank's own rows (the rest of r is still 0).
+void write_digest(const Result &r)
+{
+    static FILE *out = nullptr;
+    static std::string test;
+    static int run = 0;
+    const char *prefix = std::getenv("RATEST_DIGEST");
+    if (!prefix || !*prefix) return;
+    if (!out) {
+        int rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        const std::string path = std::string(prefix) + "." + std::to_string(rank);
+        out = std::fopen(path.c_str(), "w");
+        REQUIRE(out != nullptr);
+    }
+    const std::string now = Catch::getResultCapture().getCurrentTestName();
+    if (now != test) test = now, run = 0;
+    std::fprintf(out, "%s | run %d | status %d |", test.c_str(), run++, (int)r.status);
+    for (const auto *v : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv, &r.dbias})
+        std::fprintf(out, " %016" PRIx64, fnv1a(*v));
+    std::fprintf(out, "\n");
+    std::fflush(out);
+}
+
 // The ring result over `comm`, gathered on every rank of it.
 Result ring_over(MPI_Comm mpi, const Problem &pb, ringattn_layout_t layout,
                  const RunOptions &opt = RunOptions())
@@ -42,6 +83,7 @@ Result ring_over(MPI_Comm mpi, const Problem &pb, ringattn_layout_t layout,
     ringattn_comm_rank(comm, &rank, &size);
     r = ringtest::run_rank(pb, comm, rank, layout, opt);
     ringattn_comm_destroy(comm);
+    write_digest(r);
     int failed = r.status != RINGATTN_SUCCESS, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, mpi);
     if (any) {
