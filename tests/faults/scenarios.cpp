@@ -145,6 +145,11 @@ std::vector<Scenario> make()
                  [](int rank, const Outcomes &o) {
                      check_comm_failure(o[0], (rank == 1 ? 2.5 * DEADLINE : DEADLINE) + SLACK);
                      check_failed_fast(o[1]);
+                     // the message names who waited for whom, at which step of which call
+                     INFO(o[0].message);
+                     CHECK(mentions(o[0], "no progress for"));
+                     CHECK(mentions(o[0], "ring step"));
+                     CHECK(mentions(o[0], "of call"));
                  }});
     s.push_back({"forward then backward with a NULL plan on one rank",
                  [](int rank, int, Rank &r) {

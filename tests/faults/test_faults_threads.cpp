@@ -49,3 +49,29 @@ TEST_CASE("faults over threads: no wrong result, no hang, every rank fails the s
         }
     }
 }
+
+TEST_CASE("a descriptor mismatch names the field on every rank", "[faults]")
+{
+    constexpr int P = 3;
+    std::vector<ringattn_comm_t> comms(P);
+    REQUIRE(ringattn_comm_create_threads(P, comms.data()) == RINGATTN_SUCCESS);
+    std::vector<std::string> msgs(P);
+    std::vector<ringattn_status_t> st(P);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r)
+        threads.emplace_back([&, r] {
+            ringattn_plan_desc_t d = problem_desc();
+            if (r == 2) d.window_left = 7;
+            ringattn_plan_t plan = nullptr;
+            st[(size_t)r] = ringattn_plan_create(comms[(size_t)r], &d, &plan);
+            msgs[(size_t)r] = ringattn_last_error();
+            ringattn_plan_destroy(plan);
+        });
+    for (auto &t : threads) t.join();
+    for (auto c : comms) ringattn_comm_destroy(c);
+    for (int r = 0; r < P; ++r) {
+        INFO("rank " << r << ": " << msgs[(size_t)r]);
+        CHECK(st[(size_t)r] == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(msgs[(size_t)r].find("desc.window_left: differs between ranks") != std::string::npos);
+    }
+}
