@@ -1,0 +1,113 @@
+// The wrapper header (CUDA.md section 1): every tensor-core and async-copy instruction, dynamic
+// shared memory and the kernel launch, for both builds of one kernel source. Under nvcc: inline
+// PTX (sm_80+). Under g++: the SIMT emulation (kernels/cuda/emu/cuda_emu.h), where each is a
+// warp collective or a deferred copy. This file, the emulation and nothing else may test
+// __CUDACC__ or __CUDA_ARCH__ (a test greps for it).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+// Dynamic shared memory as `type *name`, 16-byte aligned.
+#define RA_DYNAMIC_SMEM(type, name)                                   \
+    extern __shared__ __align__(16) unsigned char ra_dynamic_smem_[]; \
+    type *name = reinterpret_cast<type *>(ra_dynamic_smem_)
+
+// D = C + A B: A 16x16 row-major, B 16x8 column-major (bf16 or f16), C and D float32, in the
+// PTX ISA's fragments (lane l, g = l >> 2, t = l & 3).
+__device__ __forceinline__ void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4],
+                                             const uint32_t b[2], const float c[4])
+{
+    if (bf16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+                     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                       "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+                     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                       "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory: lane l gives the 16-byte row
+// l & 7 of matrix l >> 3; r[i] is this lane's part of matrix i (.trans: transposed).
+__device__ __forceinline__ void ra_ldmatrix_x4(bool trans, uint32_t r[4], const void *row)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// 16 bytes global -> shared, asynchronous; zeros when pred is false.
+__device__ __forceinline__ void ra_cp_async16(void *smem, const void *gmem, bool pred)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem),
+                 "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void ra_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most `keep` committed groups are in flight.
+template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(keep));
+}
+
+// Launches kernel; st = 0 (cudaSuccess) or the launch's error.
+#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)            \
+    do {                                                                 \
+        kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);      \
+        st = (int)cudaGetLastError();                                    \
+    } while (0)
+
+#else // the SIMT emulation
+#include "kernels/cuda/emu/cuda_emu.h"
+
+#define RA_DYNAMIC_SMEM(type, name) type *name = reinterpret_cast<type *>(::ra_emu::dynamic_smem())
+
+inline void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4], const uint32_t b[2],
+                         const float c[4], RA_EMU_SITE_PARAMS)
+{
+    uint32_t in[10];
+    std::memcpy(in, a, 16);
+    std::memcpy(in + 4, b, 8);
+    std::memcpy(in + 6, c, 16);
+    uint32_t out[4];
+    ra_emu::warp_collective(bf16 ? ra_emu::Collective::mma_bf16 : ra_emu::Collective::mma_f16,
+                            0xffffffffu, in, 10, out, 4, RA_EMU_SITE_ARG);
+    std::memcpy(d, out, 16);
+}
+
+inline void ra_ldmatrix_x4(bool trans, uint32_t r[4], const void *row,
+                           RA_EMU_SITE_PARAMS)
+{
+    uint32_t in[2];
+    const uintptr_t a = (uintptr_t)row;
+    std::memcpy(in, &a, sizeof a);
+    ra_emu::warp_collective(trans ? ra_emu::Collective::ldmatrix_x4_trans
+                                  : ra_emu::Collective::ldmatrix_x4,
+                            0xffffffffu, in, 2, r, 4, RA_EMU_SITE_ARG);
+}
+
+inline void ra_cp_async16(void *smem, const void *gmem, bool pred)
+{
+    ra_emu::cp_async16(smem, gmem, pred);
+}
+inline void ra_cp_async_commit() { ra_emu::cp_async_commit(); }
+template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep); }
+
+// Arguments are copied once, as CUDA copies a launch's parameters.
+#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                        \
+    do {                                                                             \
+        (void)(stream);                                                              \
+        st = ::ra_emu::launch_kernel((grid), (block), (smem), kernel, __VA_ARGS__);   \
+    } while (0)
+#endif

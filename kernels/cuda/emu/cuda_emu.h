@@ -1,0 +1,186 @@
+// The SIMT emulation of CUDA (CUDA.md section 2): what kernel source sees when it is compiled by
+// g++ instead of nvcc. Threads of a block are cooperative fibers (fiber.h) scheduled by a
+// policy; __syncthreads is a block barrier, warp intrinsics are rendezvous of the lanes in their
+// mask, computed by the lane that completes them; dynamic shared memory is poisoned (0xff, NaN
+// in every float type) before each block. Deadlocks and divergence are reported by the launch,
+// never a hang or an abort. Kernels reach tensor cores and async copies through
+// kernels/cuda/device.cuh, never through this header directly.
+#pragma once
+
+#ifdef __CUDACC__
+#error "kernels/cuda/emu/cuda_emu.h emulates CUDA on the CPU: nvcc builds use the CUDA headers"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+// one instance per worker, that is per running block, shared by its fibers
+#define __shared__ static thread_local
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+namespace ra_emu {
+
+// Where a thread waits: the call site of the barrier or collective (default arguments).
+struct Site {
+    const char *file;
+    int line;
+};
+// As the last parameters of an intrinsic: the caller's file and line (GCC evaluates these
+// builtins at the call site only when they are a default argument themselves).
+#define RA_EMU_SITE_PARAMS const char *ra_file_ = __builtin_FILE(), int ra_line_ = __builtin_LINE()
+#define RA_EMU_SITE_ARG ::ra_emu::Site{ra_file_, ra_line_}
+
+enum class Collective {
+    shfl_idx, shfl_up, shfl_down, shfl_xor, vote_any, vote_all, ballot, syncwarp,
+    mma_bf16, mma_f16, ldmatrix_x4, ldmatrix_x4_trans
+};
+
+void barrier(Site s);
+// Deposits in[nin] (<= 10 words) for this lane; returns once every lane of mask has arrived,
+// with this lane's result in out[nout] (<= 8 words).
+void warp_collective(Collective op, unsigned mask, const uint32_t *in, int nin, uint32_t *out,
+                     int nout, Site s);
+
+unsigned char *dynamic_smem();
+size_t dynamic_smem_bytes();
+
+// Deferred cp.async (16 bytes): the source bytes are read now (zeros when pred is false) and
+// land in dst at the wait that covers their group.
+void cp_async16(void *dst, const void *src, bool pred);
+void cp_async_commit();
+void cp_async_wait(int keep); // all committed groups but the `keep` most recent land
+
+// Which runnable thread runs next. A race-free kernel gives the same bits under every policy.
+enum class Policy { round_robin, lowest_first, highest_first, random };
+void set_policy(Policy p, uint64_t seed = 0); // for later launches from this thread
+Policy policy();
+// Runs body() as every thread of every block. 0, or -1 with last_error() saying what failed
+// (a deadlock, divergence, a misaligned ldmatrix, a shared-memory request above the limit...).
+int launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> &body);
+const char *last_error();
+constexpr size_t max_dynamic_smem = 227 * 1024; // an H100/H200 block's opt-in limit
+
+// A kernel launch: its arguments evaluated and copied once, as CUDA copies parameters.
+template <class... Params, class... Args>
+int launch_kernel(dim3 grid, dim3 block, size_t smem, void (*kernel)(Params...), Args &&...args)
+{
+    const std::tuple<Params...> params(std::forward<Args>(args)...);
+    return launch(grid, block, smem, [&] { std::apply(kernel, params); });
+}
+
+} // namespace ra_emu
+
+inline void __syncthreads(RA_EMU_SITE_PARAMS) { ra_emu::barrier(RA_EMU_SITE_ARG); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, RA_EMU_SITE_PARAMS)
+{
+    ra_emu::warp_collective(ra_emu::Collective::syncwarp, mask, nullptr, 0, nullptr, 0, RA_EMU_SITE_ARG);
+}
+
+namespace ra_emu {
+template <class T>
+T shuffle(Collective op, unsigned mask, T v, int arg, int width, Site s)
+{
+    static_assert(sizeof(T) <= 8, "a shuffled value fits 8 bytes");
+    uint32_t in[4] = {0, 0, (uint32_t)arg, (uint32_t)width}, out[2];
+    std::memcpy(in, &v, sizeof v);
+    warp_collective(op, mask, in, 4, out, 2, s);
+    T r;
+    std::memcpy(&r, out, sizeof r);
+    return r;
+}
+inline uint32_t vote(Collective op, unsigned mask, int pred, Site s)
+{
+    const uint32_t in[1] = {pred != 0};
+    uint32_t out[1];
+    warp_collective(op, mask, in, 1, out, 1, s);
+    return out[0];
+}
+} // namespace ra_emu
+
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = warpSize, RA_EMU_SITE_PARAMS)
+{
+    return ra_emu::shuffle(ra_emu::Collective::shfl_idx, mask, v, src, width, RA_EMU_SITE_ARG);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = warpSize, RA_EMU_SITE_PARAMS)
+{
+    return ra_emu::shuffle(ra_emu::Collective::shfl_up, mask, v, (int)d, width, RA_EMU_SITE_ARG);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = warpSize,
+                   RA_EMU_SITE_PARAMS)
+{
+    return ra_emu::shuffle(ra_emu::Collective::shfl_down, mask, v, (int)d, width, RA_EMU_SITE_ARG);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int m, int width = warpSize, RA_EMU_SITE_PARAMS)
+{
+    return ra_emu::shuffle(ra_emu::Collective::shfl_xor, mask, v, m, width, RA_EMU_SITE_ARG);
+}
+inline int __any_sync(unsigned mask, int p, RA_EMU_SITE_PARAMS)
+{
+    return (int)ra_emu::vote(ra_emu::Collective::vote_any, mask, p, RA_EMU_SITE_ARG);
+}
+inline int __all_sync(unsigned mask, int p, RA_EMU_SITE_PARAMS)
+{
+    return (int)ra_emu::vote(ra_emu::Collective::vote_all, mask, p, RA_EMU_SITE_ARG);
+}
+inline unsigned __ballot_sync(unsigned mask, int p, RA_EMU_SITE_PARAMS)
+{
+    return ra_emu::vote(ra_emu::Collective::ballot, mask, p, RA_EMU_SITE_ARG);
+}
+
+// Atomics: blocks run on several workers at once, so these are real atomics.
+inline int atomicAdd(int *a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned *a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+inline float atomicAdd(float *a, float v)
+{
+    float old, want;
+    __atomic_load(a, &old, __ATOMIC_SEQ_CST);
+    do {
+        want = old + v;
+    } while (!__atomic_compare_exchange(a, &old, &want, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST));
+    return old;
+}
+inline int atomicMax(int *a, int v)
+{
+    int old = __atomic_load_n(a, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_SEQ_CST,
+                                                    __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// The fast-math intrinsics, at the CPU's full precision (the GPU's rounding differs: compare
+// emulation and GPU by tolerance, never bitwise).
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
