@@ -104,10 +104,11 @@ inline void ra_cp_async16(void *smem, const void *gmem, bool pred)
 inline void ra_cp_async_commit() { ra_emu::cp_async_commit(); }
 template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep); }
 
-// Arguments are copied once, as CUDA copies a launch's parameters.
-#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                        \
-    do {                                                                             \
-        (void)(stream);                                                              \
-        st = ::ra_emu::launch_kernel((grid), (block), (smem), kernel, __VA_ARGS__);   \
+// Enqueued on the fake runtime's stream, arguments copied once (as CUDA copies a launch's
+// parameters); st = 0 or the configuration's error.
+#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                                  \
+    do {                                                                                       \
+        st = (int)::ra_emu::launch_kernel((stream), (grid), (block), (smem), kernel,           \
+                                          __VA_ARGS__);                                        \
     } while (0)
 #endif

@@ -114,3 +114,9 @@ __global__ void ra_test_misaligned_ldmatrix(uint32_t *out)
     ra_ldmatrix_x4(false, r, sm + 4 + (threadIdx.x & 7) * 8); // SITE_misaligned
     out[threadIdx.x] = r[0];
 }
+
+// y[i] += a x[i], one thread per element.
+__global__ void ra_test_axpy(const float *x, float *y, float a)
+{
+    y[threadIdx.x] += a * x[threadIdx.x];
+}

@@ -36,11 +36,17 @@ uint16_t to_bf16(float f) // exact for the values used here
     return (uint16_t)(u >> 16);
 }
 
+// The report of a launch that must fail when its stream is drained (the device is reset after).
 template <class Launch> std::string error_of(Launch launch)
 {
     int st = 0;
     launch(st);
-    return st == 0 ? std::string("(launch succeeded)") : std::string(ra_emu::last_error());
+    if (st == 0) st = (int)cudaStreamSynchronize(nullptr);
+    const std::string e = st == 0 ? std::string("(launch succeeded)")
+                                  : std::string(ra_emu::last_error()) + " [" +
+                                        cudaGetErrorString((cudaError_t)st) + "]";
+    cudaDeviceReset();
+    return e;
 }
 
 bool has(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
@@ -65,6 +71,7 @@ TEST_CASE("emulated ldmatrix + mma.m16n8k16 give the plain product exactly", "[e
                   (bool)trans, C.data());
         INFO(ra_emu::last_error());
         REQUIRE(st == 0);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
         int wrong = 0;
         for (int i = 0; i < 16; ++i)
             for (int j = 0; j < 16; ++j) {
@@ -91,6 +98,7 @@ TEST_CASE("an emulated two-level block reduction is exact and the same under eve
         int st = 0;
         RA_LAUNCH(st, ra_test_block_sum, dim3(2), dim3(128), 0, nullptr, in.data(), out.data());
         REQUIRE(st == 0);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
         CHECK(out[0] == [&] { float s = 0; for (int i = 0; i < 128; ++i) s += in[i]; return s; }());
         CHECK(out[0] + out[1] == want);
         if (first.empty()) first = out;
@@ -112,6 +120,7 @@ TEST_CASE("a missing __syncthreads shows as a bitwise difference between policie
             RA_LAUNCH(st, ra_test_neighbour, dim3(1), dim3(64), 64 * sizeof(float), nullptr,
                       in.data(), out.data(), with_barrier);
             REQUIRE(st == 0);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
             outs.push_back(out);
         }
         bool same = true;
@@ -181,6 +190,7 @@ TEST_CASE("cp.async lands only at its wait: a missing wait reads poisoned shared
         RA_LAUNCH(st, ra_test_cp_async, dim3(1), dim3(32), 128 * sizeof(float), nullptr,
                   in.data(), out.data(), wait);
         REQUIRE(st == 0);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
         int nan = 0, right = 0;
         for (int t = 0; t < 32; ++t)
             for (int i = 0; i < 4; ++i) {
@@ -204,12 +214,65 @@ TEST_CASE("a misaligned ldmatrix row is reported with its site", "[emu]")
     CHECK(has(e, "not 16-byte aligned"));
 }
 
-TEST_CASE("a launch above the shared-memory limit is refused", "[emu]")
+TEST_CASE("a launch above the shared-memory limit is refused at once", "[emu]")
 {
     std::vector<float> in(64), out(64);
-    const std::string e = error_of([&](int &st) {
-        RA_LAUNCH(st, ra_test_neighbour, dim3(1), dim3(64), ra_emu::max_dynamic_smem + 16,
-                  nullptr, in.data(), out.data(), 1);
-    });
-    CHECK(has(e, "above the limit"));
+    int st = 0;
+    RA_LAUNCH(st, ra_test_neighbour, dim3(1), dim3(64), ra_emu::max_dynamic_smem + 16, nullptr,
+              in.data(), out.data(), 1);
+    CHECK(st == (int)cudaErrorInvalidConfiguration);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+// Stream 1 doubles x into y; stream 2 adds y into z. Without an event recorded on stream 1 and
+// waited for on stream 2 the result depends on the order the streams drain in.
+TEST_CASE("a missing event between two streams shows as a difference between drain orders",
+          "[emu]")
+{
+    const ra_emu::Drain orders[] = {ra_emu::Drain::in_order, ra_emu::Drain::reverse,
+                                    ra_emu::Drain::round_robin, ra_emu::Drain::random};
+    for (int with_event = 1; with_event >= 0; --with_event) {
+        std::vector<std::vector<float>> outs;
+        for (ra_emu::Drain d : orders) {
+            ra_emu::set_drain_policy(d, 5);
+            cudaStream_t s1, s2;
+            cudaEvent_t done;
+            REQUIRE(cudaStreamCreate(&s1) == cudaSuccess);
+            REQUIRE(cudaStreamCreate(&s2) == cudaSuccess);
+            REQUIRE(cudaEventCreate(&done) == cudaSuccess);
+            float *x, *y, *z;
+            REQUIRE(cudaMalloc((void **)&x, 64 * 4) == cudaSuccess);
+            REQUIRE(cudaMalloc((void **)&y, 64 * 4) == cudaSuccess);
+            REQUIRE(cudaMalloc((void **)&z, 64 * 4) == cudaSuccess);
+            std::vector<float> host(64);
+            for (int i = 0; i < 64; ++i) host[i] = (float)i;
+            REQUIRE(cudaMemcpy(x, host.data(), 64 * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+            REQUIRE(cudaMemsetAsync(y, 0, 64 * 4, s1) == cudaSuccess);
+            REQUIRE(cudaMemsetAsync(z, 0, 64 * 4, s2) == cudaSuccess);
+            int st = 0;
+            RA_LAUNCH(st, ra_test_axpy, dim3(1), dim3(64), 0, s1, x, y, 2.0f);
+            REQUIRE(st == 0);
+            if (with_event) {
+                REQUIRE(cudaEventRecord(done, s1) == cudaSuccess);
+                REQUIRE(cudaStreamWaitEvent(s2, done) == cudaSuccess);
+            }
+            RA_LAUNCH(st, ra_test_axpy, dim3(1), dim3(64), 0, s2, y, z, 1.0f);
+            REQUIRE(st == 0);
+            REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+            REQUIRE(cudaMemcpy(host.data(), z, 64 * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+            outs.push_back(host);
+            REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+            for (float *p : {x, y, z}) CHECK(cudaFree(p) == cudaSuccess);
+            cudaEventDestroy(done);
+            cudaStreamDestroy(s1);
+            cudaStreamDestroy(s2);
+        }
+        ra_emu::set_drain_policy(ra_emu::Drain::in_order);
+        bool same = true;
+        for (auto &o : outs) same = same && std::memcmp(o.data(), outs[0].data(), 64 * 4) == 0;
+        INFO("with_event = " << with_event);
+        CHECK(same == (with_event == 1));
+        if (with_event) CHECK(outs[0][5] == 10.0f);
+    }
 }

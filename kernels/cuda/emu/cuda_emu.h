@@ -85,12 +85,21 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>
 const char *last_error();
 constexpr size_t max_dynamic_smem = 227 * 1024; // an H100/H200 block's opt-in limit
 
-// A kernel launch: its arguments evaluated and copied once, as CUDA copies parameters.
+} // namespace ra_emu
+
+#include "kernels/cuda/emu/fake_runtime.h"
+
+namespace ra_emu {
+
+// A kernel launch on a stream of the fake runtime: its arguments evaluated and copied once, as
+// CUDA copies parameters; it runs when a synchronisation drains the stream.
 template <class... Params, class... Args>
-int launch_kernel(dim3 grid, dim3 block, size_t smem, void (*kernel)(Params...), Args &&...args)
+cudaError_t launch_kernel(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
+                          void (*kernel)(Params...), Args &&...args)
 {
-    const std::tuple<Params...> params(std::forward<Args>(args)...);
-    return launch(grid, block, smem, [&] { std::apply(kernel, params); });
+    std::tuple<Params...> params(std::forward<Args>(args)...);
+    return enqueue_launch(s, grid, block, smem,
+                          [kernel, params] { std::apply(kernel, params); });
 }
 
 } // namespace ra_emu

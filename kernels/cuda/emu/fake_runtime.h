@@ -1,0 +1,81 @@
+// A small fake CUDA runtime for the emulation (CUDA.md section 2), so that a backend's host
+// code -- memory, copies, streams, events, launches -- runs in CI: device memory is host
+// memory; a stream is a deferred FIFO queue, drained only at synchronisation points (a stream,
+// event or device synchronisation, a blocking copy) in the order of a drain policy. Two streams
+// without an event between them then run in different orders under different policies, and a
+// missing event shows as a bitwise difference. Device properties are an H200's; launches check
+// the 227 KiB dynamic shared-memory limit. Included by cuda_emu.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+typedef struct ra_emu_stream *cudaStream_t;
+typedef struct ra_emu_event *cudaEvent_t;
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, l2CacheSize;
+    int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock, regsPerBlock;
+};
+
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaDeviceSynchronize();
+// Drains every stream and clears a sticky error (the emulation's tests go on after a failure).
+cudaError_t cudaDeviceReset();
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *d);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
+
+namespace ra_emu {
+
+// The order in which queued work of several streams runs when a synchronisation drains them:
+// the lowest-numbered stream with runnable work first, the highest first, one operation from
+// each in turn, or at random (seeded).
+enum class Drain { in_order, reverse, round_robin, random };
+void set_drain_policy(Drain d, uint64_t seed = 0);
+
+// Enqueues a launch on stream s (nullptr: the default stream, a stream like any other here).
+// A bad configuration is an error now (cudaGetLastError); a failure while the kernel runs
+// (deadlock, divergence, ...) is sticky: the next synchronisation returns it, and last_error()
+// says what it was.
+cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
+                           std::function<void()> body);
+
+} // namespace ra_emu
