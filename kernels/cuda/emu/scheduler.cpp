@@ -2,9 +2,12 @@
 // a policy, implements __syncthreads, the deferred cp.async and dynamic shared memory, and turns
 // a block in which no thread can run into a report naming what each thread waits at.
 #include <cstdio>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "kernels/cuda/emu/emu_internal.h"
 
@@ -211,6 +214,80 @@ void set_policy(Policy p, uint64_t seed)
 Policy policy() { return chosen; }
 const char *last_error() { return launch_error.c_str(); }
 
+namespace {
+
+// How many OS threads run a launch's blocks (RA_EMU_WORKERS, default: the machine's cores).
+unsigned worker_count(unsigned long blocks)
+{
+    const char *env = std::getenv("RA_EMU_WORKERS");
+    unsigned n = env && std::atoi(env) > 0 ? (unsigned)std::atoi(env)
+                                           : std::thread::hardware_concurrency();
+    n = n ? n : 1;
+    return (unsigned)(blocks < n ? blocks : n);
+}
+
+struct LaunchShared {
+    dim3 grid, bdim;
+    size_t smem_bytes;
+    const std::function<void()> *body;
+    Policy policy;
+    uint64_t seed;
+    std::atomic<unsigned long> next{0};
+    std::mutex mu;
+    unsigned long failed_block = ~0ul; // the lowest failing block, for a deterministic report
+    std::string error;
+};
+
+// One worker: its own fibers and shared memory; takes blocks until none is left.
+void work(LaunchShared &L)
+{
+    const unsigned long n = (unsigned long)L.bdim.x * L.bdim.y * L.bdim.z;
+    Block b;
+    b.nthreads = (int)n;
+    b.threads.resize(n);
+    b.warps.resize((n + 31) / 32);
+    std::vector<unsigned char> smem(L.smem_bytes + 16);
+    b.smem = smem.data() + (16 - (uintptr_t)smem.data() % 16) % 16; // 16-byte aligned
+    b.smem_bytes = L.smem_bytes;
+    bool ok = true;
+    for (unsigned long i = 0; i < n && ok; ++i) {
+        b.threads[i].tid = (int)i;
+        ok = fiber_alloc(b.threads[i].fiber, stack_bytes());
+    }
+    Block *outer = running;
+    const Policy outer_policy = chosen;
+    const uint64_t outer_seed = rng_state;
+    running = &b;
+    body_of_launch = L.body;
+    blockDim = L.bdim;
+    gridDim = L.grid;
+    const unsigned long blocks = (unsigned long)L.grid.x * L.grid.y * L.grid.z;
+    for (unsigned long k; ok && (k = L.next++) < blocks;) {
+        blockIdx = uint3{(unsigned)(k % L.grid.x), (unsigned)(k / L.grid.x % L.grid.y),
+                         (unsigned)(k / ((unsigned long)L.grid.x * L.grid.y))};
+        set_policy(L.policy, L.seed ^ (k * 0x9e3779b97f4a7c15ull)); // per block: any worker
+        std::memset(b.smem, 0xff, L.smem_bytes); // unwritten shared memory reads NaN
+        run_block(b);
+        if (b.error.empty()) continue;
+        std::lock_guard<std::mutex> lk(L.mu);
+        if (k < L.failed_block) {
+            L.failed_block = k;
+            L.error = "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) +
+                      "," + std::to_string(blockIdx.z) + "): " + b.error;
+        }
+    }
+    if (!ok) {
+        std::lock_guard<std::mutex> lk(L.mu);
+        if (L.error.empty()) L.error = "launch: no memory for the threads' stacks";
+    }
+    running = outer;
+    chosen = outer_policy;
+    rng_state = outer_seed;
+    for (Thread &t : b.threads) fiber_free(t.fiber);
+}
+
+} // namespace
+
 int launch(dim3 grid, dim3 bdim, size_t smem_bytes, const std::function<void()> &body)
 {
     launch_error.clear();
@@ -225,38 +302,15 @@ int launch(dim3 grid, dim3 bdim, size_t smem_bytes, const std::function<void()> 
                        std::to_string(max_dynamic_smem);
         return -1;
     }
-    Block b;
-    b.nthreads = (int)n;
-    b.threads.resize((size_t)n);
-    b.warps.resize((size_t)(n + 31) / 32);
-    std::vector<unsigned char> smem(smem_bytes + 16);
-    b.smem = smem.data() + (16 - (uintptr_t)smem.data() % 16) % 16; // 16-byte aligned
-    b.smem_bytes = smem_bytes;
-    for (long i = 0; i < n; ++i) {
-        b.threads[(size_t)i].tid = (int)i;
-        if (!fiber_alloc(b.threads[(size_t)i].fiber, stack_bytes())) {
-            launch_error = "launch: no memory for the threads' stacks";
-            for (Thread &t : b.threads) fiber_free(t.fiber);
-            return -1;
-        }
-    }
-    Block *outer = running;
-    running = &b;
-    body_of_launch = &body;
-    blockDim = bdim;
-    gridDim = grid;
-    for (unsigned z = 0; z < grid.z && launch_error.empty(); ++z)
-        for (unsigned y = 0; y < grid.y && launch_error.empty(); ++y)
-            for (unsigned x = 0; x < grid.x && launch_error.empty(); ++x) {
-                blockIdx = uint3{x, y, z};
-                std::memset(b.smem, 0xff, smem_bytes); // unwritten shared memory reads NaN
-                run_block(b);
-                if (!b.error.empty())
-                    launch_error = "block (" + std::to_string(x) + "," + std::to_string(y) +
-                                   "," + std::to_string(z) + "): " + b.error;
-            }
-    running = outer;
-    for (Thread &t : b.threads) fiber_free(t.fiber);
+    LaunchShared L;
+    L.grid = grid, L.bdim = bdim, L.smem_bytes = smem_bytes, L.body = &body;
+    L.policy = chosen, L.seed = rng_state;
+    const unsigned workers = worker_count((unsigned long)grid.x * grid.y * grid.z);
+    std::vector<std::thread> pool;
+    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work, std::ref(L));
+    work(L); // the launching thread is a worker too
+    for (std::thread &t : pool) t.join();
+    launch_error = L.error;
     return launch_error.empty() ? 0 : -1;
 }
 
