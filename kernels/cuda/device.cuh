@@ -8,7 +8,23 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+// Loops over register fragments must unroll fully, or their arrays go to local memory.
+#define RA_UNROLL _Pragma("unroll")
+
+// Two floats as a 16-bit pair (bf16 or f16, round to nearest even), the lower index low.
+__device__ __forceinline__ uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
+{
+    if (bf16) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
 
 // Dynamic shared memory as `type *name`, 16-byte aligned.
 #define RA_DYNAMIC_SMEM(type, name)                                   \
@@ -70,6 +86,16 @@ template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
 
 #else // the SIMT emulation
 #include "kernels/cuda/emu/cuda_emu.h"
+#include "base/dtype.h"
+
+#define RA_UNROLL
+
+inline uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
+{
+    const uint16_t a = bf16 ? ra__f32_to_bf16(lo) : ra__f32_to_f16(lo);
+    const uint16_t b = bf16 ? ra__f32_to_bf16(hi) : ra__f32_to_f16(hi);
+    return (uint32_t)a | ((uint32_t)b << 16);
+}
 
 #define RA_DYNAMIC_SMEM(type, name) type *name = reinterpret_cast<type *>(::ra_emu::dynamic_smem())
 
