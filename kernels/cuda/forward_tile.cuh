@@ -7,25 +7,28 @@
 // B through ldmatrix.trans. One ring step per launch: the running state (m, l, acc) of SPEC 4 is
 // float32 in device memory between steps; the last step writes O and LSE.
 //
-// First step of issue 10: one sequence, the SPEC 3 window with bottom-right alignment (delta),
-// GQA, the scale; D = D_v in {64, 128}. The segment/span model, softcap, ALiBi, dynamic masks,
-// EMPTY/FULL tiles and D_v != D come next.
+// So far: packed variable-length batches of contiguous sequences (one grid z per sequence), the
+// SPEC 3 window with bottom-right alignment, GQA, scale, softcap and ALiBi (SPEC 2), D != D_v.
+// The strided spans of the segment model, dynamic masks and EMPTY/FULL tiles come next.
 #pragma once
 
 #include "kernels/cuda/device.cuh"
 #include "kernels/softmax_state.h"
 
 struct ra_fwd_tile_args {
-    const uint16_t *q, *k, *v; // [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D] (element strides)
+    const uint16_t *q, *k, *v; // [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D_v] (element strides)
     int64_t q_row, q_head, k_row, k_head, v_row, v_head;
-    uint16_t *o;               // [T_q, H, D], written at the last step
+    uint16_t *o;               // [T_q, H, D_v], written at the last step
     int64_t o_row, o_head;
     float *lse;                // [H, T_q], written at the last step
-    float *m, *l, *acc;        // the running state: [H, T_q], [H, T_q], [H, T_q, D]
-    int tq, tk, heads, kv_heads;
-    int64_t delta;             // SPEC 2: key position of query i's diagonal is i + delta
+    float *m, *l, *acc;        // the running state: [H, T_q], [H, T_q], [H, T_q, D_v]
+    const int32_t *cu_q, *cu_k; // [num_seqs + 1] device memory: this step's rows of each sequence
+    const int64_t *delta;      // [num_seqs] SPEC 2: query i of sequence b sees its diagonal at
+                               // key i + delta[b] of this step's keys of b
+    int tq, heads, kv_heads;   // tq: every query row (the state's and LSE's row count)
     int window_left, window_right; // SPEC 3, -1 = unbounded
-    float scale;
+    float scale, softcap, inv_softcap; // softcap 0: off
+    const float *alibi;        // [H] device memory, or NULL
     int first, last, bf16;
 };
 
@@ -41,7 +44,8 @@ template <int D> __device__ __forceinline__ int swz(int row, int col)
     return row * D + ((chunk ^ (row % period)) * 8) + col % 8;
 }
 
-// rows [r0, r0 + BQ or BK) of a [T, heads, D] tensor into a swizzled tile; zeros past `rows`.
+// Rows [r0, r0 + n) of a sequence (base: its first row of a [T, heads, D] tensor, at the head)
+// into a swizzled tile; zeros at and past `rows`, the sequence's length.
 template <int D>
 __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, int64_t row_stride,
                                           int r0, int rows, int n)
@@ -55,49 +59,62 @@ __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, 
     }
 }
 
-__device__ __forceinline__ bool allowed(const ra_fwd_tile_args &a, int qi, int kj)
+// SPEC 2 and 3 for query qi and key kj of one sequence (positions within it): the logit of the
+// raw product z, or -inf where the mask forbids the pair.
+__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int qi, int lq, int kj,
+                                       int lk, int64_t delta, float slope)
 {
-    if (qi >= a.tq || kj >= a.tk) return false;
-    const int64_t diag = qi + a.delta;
-    if (a.window_left >= 0 && kj < diag - a.window_left) return false;
-    if (a.window_right >= 0 && kj > diag + a.window_right) return false;
-    return true;
+    const int64_t diag = qi + delta;
+    if (qi >= lq || kj >= lk) return -INFINITY;
+    if (a.window_left >= 0 && kj < diag - a.window_left) return -INFINITY;
+    if (a.window_right >= 0 && kj > diag + a.window_right) return -INFINITY;
+    z *= a.scale;
+    if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
+    if (a.alibi) z -= slope * (float)(diag > kj ? diag - kj : kj - diag);
+    return z;
 }
 
 } // namespace ra_fwd
 
-template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
+// Grid: (query tiles of the longest sequence, heads, sequences); 128 threads.
+template <int D, int DV>
+__global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads), q0 = (int)blockIdx.x * BQ;
+    const int b = (int)blockIdx.z, qb = a.cu_q[b], lq = a.cu_q[b + 1] - qb;
+    const int kb = a.cu_k[b], lk = a.cu_k[b + 1] - kb;
+    if (q0 >= lq) return; // the whole block: this sequence has fewer query tiles
+    const int64_t delta = a.delta[b];
+    const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool bf16 = a.bf16 != 0;
 
-    load_tile<D>(sq, a.q + h * a.q_head, a.q_row, q0, a.tq, BQ);
+    load_tile<D>(sq, a.q + qb * a.q_row + h * a.q_head, a.q_row, q0, lq, BQ);
     ra_cp_async_commit();
 
-    // this lane's two rows (g, g + 8 of its warp's 16) and their state
+    // this lane's two rows (g, g + 8 of its warp's 16, within the sequence) and their state
     const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-    float m[2], l[2], acc[D / 8][4];
+    float m[2], l[2], acc[DV / 8][4];
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {
-        const int64_t at = (int64_t)h * a.tq + rows[r];
-        const bool live = rows[r] < a.tq && !a.first;
+        const int64_t at = (int64_t)h * a.tq + qb + rows[r];
+        const bool live = rows[r] < lq && !a.first;
         m[r] = live ? a.m[at] : -INFINITY;
         l[r] = live ? a.l[at] : 0.0f;
         RA_UNROLL
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DV / 8; ++n)
             RA_UNROLL
             for (int c = 0; c < 2; ++c)
-                acc[n][2 * r + c] = live ? a.acc[at * D + n * 8 + 2 * t + c] : 0.0f;
+                acc[n][2 * r + c] = live ? a.acc[at * DV + n * 8 + 2 * t + c] : 0.0f;
     }
 
     uint32_t qf[D / 16][4]; // Q's A fragments, loaded once
-    for (int k0 = 0; k0 < a.tk; k0 += BK) {
-        load_tile<D>(sk, a.k + hk * a.k_head, a.k_row, k0, a.tk, BK);
-        load_tile<D>(sv, a.v + hk * a.v_head, a.v_row, k0, a.tk, BK);
+    for (int k0 = 0; k0 < lk; k0 += BK) {
+        load_tile<D>(sk, a.k + kb * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK);
+        load_tile<DV>(sv, a.v + kb * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
@@ -133,7 +150,7 @@ template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fw
                 RA_UNROLL
                 for (int c = 0; c < 2; ++c) {
                     float &x = s[n][2 * r + c];
-                    x = allowed(a, rows[r], k0 + n * 8 + 2 * t + c) ? x * a.scale : -INFINITY;
+                    x = logit(a, x, rows[r], lq, k0 + n * 8 + 2 * t + c, lk, delta, slope);
                     mb = x > mb ? x : mb;
                 }
             mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
@@ -154,7 +171,7 @@ template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fw
             if (!any) continue;
             l[r] = alpha * l[r] + sum;
             RA_UNROLL
-            for (int n = 0; n < D / 8; ++n)
+            for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL
                 for (int c = 0; c < 2; ++c) acc[n][2 * r + c] *= alpha;
         }
@@ -166,12 +183,12 @@ template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fw
                                     ra_pack_16x2(bf16, s[2 * j + 1][0], s[2 * j + 1][1]),
                                     ra_pack_16x2(bf16, s[2 * j + 1][2], s[2 * j + 1][3])};
             RA_UNROLL
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t b[4];
+            for (int dp = 0; dp < DV / 16; ++dp) {
+                uint32_t vb[4];
                 const int bm = lane >> 3, br = lane & 7;
-                ra_ldmatrix_x4(true, b, sv + swz<D>(j * 16 + (bm & 1) * 8 + br, dp * 16 + (bm >> 1) * 8));
-                ra_mma_16816(bf16, acc[2 * dp], pa, b, acc[2 * dp]);
-                ra_mma_16816(bf16, acc[2 * dp + 1], pa, b + 2, acc[2 * dp + 1]);
+                ra_ldmatrix_x4(true, vb, sv + swz<DV>(j * 16 + (bm & 1) * 8 + br, dp * 16 + (bm >> 1) * 8));
+                ra_mma_16816(bf16, acc[2 * dp], pa, vb, acc[2 * dp]);
+                ra_mma_16816(bf16, acc[2 * dp + 1], pa, vb + 2, acc[2 * dp + 1]);
             }
         }
         __syncthreads(); // the next tiles overwrite sk and sv
@@ -179,21 +196,21 @@ template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fw
 
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {
-        if (rows[r] >= a.tq) continue;
-        const int64_t at = (int64_t)h * a.tq + rows[r];
+        if (rows[r] >= lq) continue;
+        const int64_t at = (int64_t)h * a.tq + qb + rows[r];
         if (!a.last) {
             if (t == 0) a.m[at] = m[r], a.l[at] = l[r];
             RA_UNROLL
-            for (int n = 0; n < D / 8; ++n)
+            for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL
-                for (int c = 0; c < 2; ++c) a.acc[at * D + n * 8 + 2 * t + c] = acc[n][2 * r + c];
+                for (int c = 0; c < 2; ++c) a.acc[at * DV + n * 8 + 2 * t + c] = acc[n][2 * r + c];
             continue;
         }
         // SPEC 4 finalise: an empty row gives O = 0 and LSE = -inf
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        uint16_t *o = a.o + (int64_t)rows[r] * a.o_row + (int64_t)h * a.o_head;
+        uint16_t *o = a.o + (int64_t)(qb + rows[r]) * a.o_row + (int64_t)h * a.o_head;
         RA_UNROLL
-        for (int n = 0; n < D / 8; ++n) {
+        for (int n = 0; n < DV / 8; ++n) {
             const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
             o[n * 8 + 2 * t] = (uint16_t)(pair & 0xffff);
             o[n * 8 + 2 * t + 1] = (uint16_t)(pair >> 16);
@@ -202,5 +219,8 @@ template <int D> __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fw
     }
 }
 
-// Shared memory of ra_fwd_tile_kernel<D>: Q, K and V tiles.
-constexpr size_t ra_fwd_tile_smem(int d) { return (size_t)(ra_fwd::BQ + 2 * ra_fwd::BK) * d * 2; }
+// Shared memory of ra_fwd_tile_kernel<D, DV>: Q, K and V tiles.
+constexpr size_t ra_fwd_tile_smem(int d, int dv)
+{
+    return ((size_t)(ra_fwd::BQ + ra_fwd::BK) * d + (size_t)ra_fwd::BK * dv) * 2;
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The emulated kernels' source compiles under nvcc too (one program for both builds): the
 # self-test kernels (tests/emu/emu_test_kernels.cuh) and the forward tile kernel
-# (kernels/cuda/forward_tile.cuh, D = 64 and 128) for sm_80 and sm_90, with no register spills,
+# (kernels/cuda/forward_tile.cuh, D and D_v 64 and 128) for sm_80 and sm_90, with no register spills,
 # and the PTX has the wrapper's tensor-core and async-copy instructions. Skipped (77) without
 # nvcc.
 # usage: nvcc_compile.sh SOURCE_DIR WORK_DIR
@@ -12,8 +12,10 @@ mkdir -p "$work"
 cat > "$work/emu_test_kernels.cu" <<'CU'
 #include "tests/emu/emu_test_kernels.cuh"
 #include "kernels/cuda/forward_tile.cuh"
-template __global__ void ra_fwd_tile_kernel<64>(ra_fwd_tile_args);
-template __global__ void ra_fwd_tile_kernel<128>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<64, 64>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<128, 128>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<64, 128>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<128, 64>(ra_fwd_tile_args);
 CU
 for arch in sm_80 sm_90; do
     nvcc -std=c++17 -arch="$arch" -I"$src" -I"$src/include" -Xptxas -v -c "$work/emu_test_kernels.cu" \
