@@ -8,8 +8,9 @@
 // float32 in device memory between steps; the last step writes O and LSE.
 //
 // So far: packed variable-length batches of contiguous sequences (one grid z per sequence), the
-// SPEC 3 window with bottom-right alignment, GQA, scale, softcap and ALiBi (SPEC 2), D != D_v.
-// The strided spans of the segment model, dynamic masks and EMPTY/FULL tiles come next.
+// SPEC 3 window with bottom-right alignment, GQA, scale, softcap and ALiBi (SPEC 2), D != D_v;
+// key tiles outside the block's window hull (EMPTY) are skipped. The strided spans of the
+// segment model, dynamic masks and FULL tiles without a per-element mask come next.
 #pragma once
 
 #include "kernels/cuda/device.cuh"
@@ -74,6 +75,21 @@ __device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int q
     return z;
 }
 
+// The keys [*lo, *hi) that any of the query rows [q0, q1) may see (SPEC 3's window as a hull):
+// key tiles outside are EMPTY for the whole block and skipped (exactly: an update by a fully
+// masked tile rescales by exp(0) = 1 and adds 0).
+__device__ __forceinline__ void key_hull(const ra_fwd_tile_args &a, int q0, int q1, int lk,
+                                         int64_t delta, int *lo, int *hi)
+{
+    int64_t from = 0, to = lk;
+    if (a.window_left >= 0) from = q0 + delta - a.window_left;
+    if (a.window_right >= 0) to = (int64_t)(q1 - 1) + delta + a.window_right + 1;
+    from = from < 0 ? 0 : from;
+    to = to > lk ? lk : to;
+    *lo = (int)(from / BK * BK);
+    *hi = (int)(to > from ? to : from);
+}
+
 } // namespace ra_fwd
 
 // Grid: (query tiles of the longest sequence, heads, sequences); 128 threads.
@@ -112,13 +128,15 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     }
 
     uint32_t qf[D / 16][4]; // Q's A fragments, loaded once
-    for (int k0 = 0; k0 < lk; k0 += BK) {
+    int k_lo, k_hi;
+    key_hull(a, q0, q0 + BQ < lq ? q0 + BQ : lq, lk, delta, &k_lo, &k_hi);
+    for (int k0 = k_lo; k0 < k_hi; k0 += BK) {
         load_tile<D>(sk, a.k + kb * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK);
         load_tile<DV>(sv, a.v + kb * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
-        if (k0 == 0) {
+        if (k0 == k_lo) {
             const int am = lane >> 3, ar = lane & 7;
             RA_UNROLL
             for (int kk = 0; kk < D / 16; ++kk)

@@ -140,6 +140,10 @@ TEST_CASE("emulated forward tile kernel: bf16/f16, GQA, windows, two ring steps,
         check_case<64>(config(dt, 90, 60, 2, 2, -1, -1, true), 20, seed++);     // delta < 0: empty rows
         check_case<64>(config(dt, 70, 200, 2, 1, 17, 3, false), 150, seed++);   // window, KV cache
         check_case<128>(config(dt, 65, 97, 2, 1, -1, -1, true), 33, seed++);
+        // the window hull at tile boundaries: row 64's diagonal opens key tile 64 (causal), and
+        // a window (1, 0) makes row 64 reach back to key 63 in tile 0
+        check_case<64>(config(dt, 65, 65, 1, 1, -1, -1, true), 0, seed++);
+        check_case<64>(config(dt, 100, 100, 1, 1, 1, -1, true), 0, seed++);
     }
 }
 
