@@ -7,14 +7,19 @@
 // B through ldmatrix.trans. One ring step per launch: the running state (m, l, acc) of SPEC 4 is
 // float32 in device memory between steps; the last step writes O and LSE.
 //
-// So far: packed variable-length batches of contiguous sequences (one grid z per sequence), the
-// SPEC 3 window with bottom-right alignment, GQA, scale, softcap and ALiBi (SPEC 2), D != D_v;
-// key tiles outside the block's window hull (EMPTY) are skipped. The strided spans of the
-// segment model, dynamic masks and FULL tiles without a per-element mask come next.
+// Tokens as the CPU backend sees them (masks/shard.h): the local queries and the held key
+// shard are segments -- a span of one sequence (positions pos, pos + stride, ...) at a local
+// row -- so every layout of SPEC 8 (contiguous, zigzag, striped) and packed variable-length
+// batches take one path. One block per (query tile of a query segment, head): the host lists
+// the tiles (work); for each key segment of the same sequence the block walks only the key
+// tiles inside the window's hull (masks/mask.h, shared with the CPU; EMPTY tiles skipped
+// exactly). SPEC 2's scale, softcap and ALiBi, GQA, D != D_v. Dynamic masks and FULL tiles
+// without a per-element mask come next.
 #pragma once
 
 #include "kernels/cuda/device.cuh"
 #include "kernels/softmax_state.h"
+#include "masks/shard.h"
 
 struct ra_fwd_tile_args {
     const uint16_t *q, *k, *v; // [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D_v] (element strides)
@@ -23,11 +28,13 @@ struct ra_fwd_tile_args {
     int64_t o_row, o_head;
     float *lse;                // [H, T_q], written at the last step
     float *m, *l, *acc;        // the running state: [H, T_q], [H, T_q], [H, T_q, D_v]
-    const int32_t *cu_q, *cu_k; // [num_seqs + 1] device memory: this step's rows of each sequence
-    const int64_t *delta;      // [num_seqs] SPEC 2: query i of sequence b sees its diagonal at
-                               // key i + delta[b] of this step's keys of b
-    int tq, heads, kv_heads;   // tq: every query row (the state's and LSE's row count)
-    int window_left, window_right; // SPEC 3, -1 = unbounded
+    // device memory: the query segments and the tiles to compute (segment, first index) pairs,
+    // the held key shard's segments and, per sequence, its first segment ([num_seqs + 1])
+    const ra_segment *qsegs, *ksegs;
+    const int32_t *work, *kseq_first;
+    const int64_t *delta;      // [num_seqs] SPEC 2: L_k - L_q
+    int tq, heads, kv_heads;   // tq: the local query rows (the state's and LSE's row count)
+    ra_window window;          // SPEC 3, causal folded in
     float scale, softcap, inv_softcap; // softcap 0: off
     const float *alibi;        // [H] device memory, or NULL
     int first, last, bf16;
@@ -60,59 +67,47 @@ __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, 
     }
 }
 
-// SPEC 2 and 3 for query qi and key kj of one sequence (positions within it): the logit of the
-// raw product z, or -inf where the mask forbids the pair.
-__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int qi, int lq, int kj,
-                                       int lk, int64_t delta, float slope)
+// SPEC 2 and 3 for the query at position pi and the key at position pj of one sequence: the
+// logit of the raw product z, or -inf where the mask forbids the pair (or the row or key is
+// past its tile's end: live = 0).
+__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int live, int64_t pi,
+                                       int64_t pj, int64_t delta, float slope)
 {
-    const int64_t diag = qi + delta;
-    if (qi >= lq || kj >= lk) return -INFINITY;
-    if (a.window_left >= 0 && kj < diag - a.window_left) return -INFINITY;
-    if (a.window_right >= 0 && kj > diag + a.window_right) return -INFINITY;
+    if (!live || !ra__allowed(a.window, delta, 0, pi, 0, pj)) return -INFINITY;
+    const int64_t diag = pi + delta;
     z *= a.scale;
     if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
-    if (a.alibi) z -= slope * (float)(diag > kj ? diag - kj : kj - diag);
+    if (a.alibi) z -= slope * (float)(diag > pj ? diag - pj : pj - diag);
     return z;
-}
-
-// The keys [*lo, *hi) that any of the query rows [q0, q1) may see (SPEC 3's window as a hull):
-// key tiles outside are EMPTY for the whole block and skipped (exactly: an update by a fully
-// masked tile rescales by exp(0) = 1 and adds 0).
-__device__ __forceinline__ void key_hull(const ra_fwd_tile_args &a, int q0, int q1, int lk,
-                                         int64_t delta, int *lo, int *hi)
-{
-    int64_t from = 0, to = lk;
-    if (a.window_left >= 0) from = q0 + delta - a.window_left;
-    if (a.window_right >= 0) to = (int64_t)(q1 - 1) + delta + a.window_right + 1;
-    from = from < 0 ? 0 : from;
-    to = to > lk ? lk : to;
-    *lo = (int)(from / BK * BK);
-    *hi = (int)(to > from ? to : from);
 }
 
 } // namespace ra_fwd
 
-// Grid: (query tiles of the longest sequence, heads, sequences); 128 threads.
+// Grid: (the work list's query tiles, heads); 128 threads.
 template <int D, int DV>
 __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
-    const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads), q0 = (int)blockIdx.x * BQ;
-    const int b = (int)blockIdx.z, qb = a.cu_q[b], lq = a.cu_q[b + 1] - qb;
-    const int kb = a.cu_k[b], lk = a.cu_k[b + 1] - kb;
-    if (q0 >= lq) return; // the whole block: this sequence has fewer query tiles
-    const int64_t delta = a.delta[b];
+    const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
+    const ra_segment qseg = a.qsegs[a.work[2 * blockIdx.x]];
+    const int t0 = a.work[2 * blockIdx.x + 1];
+    const int64_t left = qseg.span.count - t0;
+    const int lq = (int)(left < BQ ? left : BQ); // this tile's query rows
+    const ra_span qtile = {qseg.span.seq, qseg.span.pos + t0 * qseg.span.stride, qseg.span.stride, lq};
+    const int64_t qb = qseg.row + t0; // its first local row
+    const int64_t delta = a.delta[qtile.seq];
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool bf16 = a.bf16 != 0;
 
-    load_tile<D>(sq, a.q + qb * a.q_row + h * a.q_head, a.q_row, q0, lq, BQ);
+    load_tile<D>(sq, a.q + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ);
     ra_cp_async_commit();
 
-    // this lane's two rows (g, g + 8 of its warp's 16, within the sequence) and their state
-    const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    // this lane's two rows (g, g + 8 of its warp's 16, within the tile), positions, state
+    const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
+    const int64_t qpos[2] = {qtile.pos + rows[0] * qtile.stride, qtile.pos + rows[1] * qtile.stride};
     float m[2], l[2], acc[DV / 8][4];
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -127,21 +122,33 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 acc[n][2 * r + c] = live ? a.acc[at * DV + n * 8 + 2 * t + c] : 0.0f;
     }
 
-    uint32_t qf[D / 16][4]; // Q's A fragments, loaded once
-    int k_lo, k_hi;
-    key_hull(a, q0, q0 + BQ < lq ? q0 + BQ : lq, lk, delta, &k_lo, &k_hi);
-    for (int k0 = k_lo; k0 < k_hi; k0 += BK) {
-        load_tile<D>(sk, a.k + kb * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK);
-        load_tile<DV>(sv, a.v + kb * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
+    // Q's A fragments: in registers, loaded at the first key tile, while D <= 64; above, they
+    // are read from shared memory at each k-step (Q stays there), so that D = D_v = 128 fits
+    // the register file without spills
+    constexpr bool q_in_registers = D <= 64;
+    uint32_t qf[q_in_registers ? D / 16 : 1][4];
+    bool q_loaded = false;
+    const int qm = lane >> 3, qr = lane & 7;
+    auto q_fragment = [&](int kk, uint32_t f[4]) {
+        ra_ldmatrix_x4(false, f, sq + swz<D>(warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
+    };
+    for (int ks = a.kseq_first[qtile.seq]; ks < a.kseq_first[qtile.seq + 1]; ++ks)
+    {
+    const ra_segment kseg = a.ksegs[ks];
+    const int lk = (int)kseg.span.count;
+    int64_t k_lo, k_hi; // the hull: key tiles outside it are EMPTY for every row of the tile
+    ra__key_hull(a.window, delta, &qtile, &kseg.span, &k_lo, &k_hi);
+    for (int k0 = (int)(k_lo / BK * BK); k0 < k_hi; k0 += BK) {
+        const uint16_t *kbase = a.k + kseg.row * a.k_row + hk * a.k_head;
+        load_tile<D>(sk, kbase, a.k_row, k0, lk, BK);
+        load_tile<DV>(sv, a.v + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
-        if (k0 == k_lo) {
-            const int am = lane >> 3, ar = lane & 7;
+        if (q_in_registers && !q_loaded) {
+            q_loaded = true;
             RA_UNROLL
-            for (int kk = 0; kk < D / 16; ++kk)
-                ra_ldmatrix_x4(false, qf[kk],
-                               sq + swz<D>(warp * 16 + (am & 1) * 8 + ar, kk * 16 + (am >> 1) * 8));
+            for (int kk = 0; kk < (q_in_registers ? D / 16 : 0); ++kk) q_fragment(kk, qf[kk]);
         }
         // S = Q K^T, 16 x 64 per warp: 8 n-tiles of 8 keys
         float s[BK / 8][4];
@@ -150,15 +157,19 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
             RA_UNROLL
             for (int c = 0; c < 4; ++c) s[n][c] = 0.0f;
         RA_UNROLL
-        for (int kk = 0; kk < D / 16; ++kk)
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t qa[4];
+            if (!q_in_registers) q_fragment(kk, qa);
+            const uint32_t *af = q_in_registers ? qf[q_in_registers ? kk : 0] : qa;
             RA_UNROLL
             for (int np = 0; np < BK / 16; ++np) {
                 uint32_t b[4];
                 const int bm = lane >> 3, br = lane & 7;
                 ra_ldmatrix_x4(false, b, sk + swz<D>(np * 16 + (bm >> 1) * 8 + br, kk * 16 + (bm & 1) * 8));
-                ra_mma_16816(bf16, s[2 * np], qf[kk], b, s[2 * np]);
-                ra_mma_16816(bf16, s[2 * np + 1], qf[kk], b + 2, s[2 * np + 1]);
+                ra_mma_16816(bf16, s[2 * np], af, b, s[2 * np]);
+                ra_mma_16816(bf16, s[2 * np + 1], af, b + 2, s[2 * np + 1]);
             }
+        }
         // SPEC 3 mask and SPEC 4 guarded update, row by row
         RA_UNROLL
         for (int r = 0; r < 2; ++r) {
@@ -168,7 +179,9 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 RA_UNROLL
                 for (int c = 0; c < 2; ++c) {
                     float &x = s[n][2 * r + c];
-                    x = logit(a, x, rows[r], lq, k0 + n * 8 + 2 * t + c, lk, delta, slope);
+                    const int kj = k0 + n * 8 + 2 * t + c;
+                    x = logit(a, x, rows[r] < lq && kj < lk, qpos[r],
+                              kseg.span.pos + (int64_t)kj * kseg.span.stride, delta, slope);
                     mb = x > mb ? x : mb;
                 }
             mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
@@ -210,6 +223,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
             }
         }
         __syncthreads(); // the next tiles overwrite sk and sv
+    }
     }
 
     RA_UNROLL

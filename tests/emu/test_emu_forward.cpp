@@ -26,58 +26,110 @@ const uint16_t *rows_of(const ratest::TView &t, int64_t row)
     return reinterpret_cast<const uint16_t *>(t.buf->bytes.data()) + t.off + row * t.rs;
 }
 
-// The problem through the kernel, its keys split over two ring steps at key `split` of every
-// sequence (split = 0: one step).
-template <int D, int DV> Out run(const ratest::Problem &pb, int split, ra_emu::Policy policy)
+// A rank's tokens under a layout of SPEC 8 as segments (masks/shard.h): contiguous (one chunk
+// of each sequence), zigzag (chunks r and 2P - 1 - r of 2P), striped (positions r, r + P, ...).
+struct Shard {
+    std::vector<ra_segment> segs;
+    std::vector<int32_t> seq_first;
+    int64_t rows = 0;
+};
+
+Shard make_shard(ringattn_layout_t layout, int P, int r, const std::vector<int32_t> &cu)
+{
+    Shard sh;
+    const int n = (int)cu.size() - 1;
+    auto add = [&](int s, int64_t pos, int64_t stride, int64_t count) {
+        if (count <= 0) return;
+        sh.segs.push_back(ra_segment{ra_span{s, pos, stride, count}, sh.rows});
+        sh.rows += count;
+    };
+    for (int s = 0; s < n; ++s) {
+        sh.seq_first.push_back((int32_t)sh.segs.size());
+        const int64_t L = cu[s + 1] - cu[s];
+        auto chunk = [&](int c, int of) { return L * c / of; };
+        if (layout == RINGATTN_LAYOUT_STRIPED) add(s, r, P, r < L ? (L - r + P - 1) / P : 0);
+        else if (layout == RINGATTN_LAYOUT_ZIGZAG) {
+            add(s, chunk(r, 2 * P), 1, chunk(r + 1, 2 * P) - chunk(r, 2 * P));
+            add(s, chunk(2 * P - 1 - r, 2 * P), 1, chunk(2 * P - r, 2 * P) - chunk(2 * P - 1 - r, 2 * P));
+        } else add(s, chunk(r, P), 1, chunk(r + 1, P) - chunk(r, P));
+    }
+    sh.seq_first.push_back((int32_t)sh.segs.size());
+    return sh;
+}
+
+// A shard's rows of a global [T, heads, dim] tensor, packed.
+std::vector<uint16_t> gather_rows(const ratest::TView &t, const Shard &sh, const std::vector<int32_t> &cu)
+{
+    std::vector<uint16_t> out;
+    const size_t w = (size_t)t.heads * t.dim;
+    for (const ra_segment &g : sh.segs)
+        for (int64_t j = 0; j < g.span.count; ++j) {
+            const uint16_t *row = rows_of(t, cu[g.span.seq] + g.span.pos + j * g.span.stride);
+            out.insert(out.end(), row, row + w);
+        }
+    out.push_back(0); // never empty
+    return out;
+}
+
+// The problem through the kernel as a ring of P ranks under a layout (P = 1: one rank, every
+// key): rank r's queries meet the key shards of ranks r, r - 1, ... in P steps, the running
+// state between them in device memory. O and LSE gathered in global order.
+template <int D, int DV>
+Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Policy policy)
 {
     const ratest::AttnConfig &c = pb.cfg;
     const int tq = (int)c.Tq(), H = c.H, n = c.num_seqs();
     Out out{std::vector<uint16_t>((size_t)tq * H * DV, 0xffff),
             std::vector<float>((size_t)H * tq, NAN)};
-    std::vector<float> m((size_t)H * tq, NAN), l(m.size(), NAN), acc(m.size() * DV, NAN);
     std::vector<float> slopes(c.alibi.begin(), c.alibi.end());
+    std::vector<int64_t> delta;
+    for (int s = 0; s < n; ++s)
+        delta.push_back((int64_t)(c.cuk()[s + 1] - c.cuk()[s]) - (c.cu_q[s + 1] - c.cu_q[s]));
     ra_emu::set_policy(policy, 9);
-    const int steps = split > 0 ? 2 : 1;
-    int longest = 0;
-    for (int s = 0; s < n; ++s) longest = std::max(longest, c.cu_q[s + 1] - c.cu_q[s]);
-    for (int step = 0; step < steps; ++step) {
-        // this step's keys of each sequence: [0, split) then [split, L_k), positions relative
-        std::vector<int32_t> cu_k(1, 0);
-        std::vector<int64_t> delta;
-        std::vector<uint16_t> k, v; // packed copies of this step's keys
-        for (int s = 0; s < n; ++s) {
-            const int lk = c.cuk()[s + 1] - c.cuk()[s], lq = c.cu_q[s + 1] - c.cu_q[s];
-            const int from = steps == 1 ? 0 : step == 0 ? 0 : std::min(split, lk);
-            const int to = steps == 1 ? lk : step == 0 ? std::min(split, lk) : lk;
-            for (int j = from; j < to; ++j) {
-                const uint16_t *kr = rows_of(pb.k, c.cuk()[s] + j), *vr = rows_of(pb.v, c.cuk()[s] + j);
-                k.insert(k.end(), kr, kr + (size_t)c.hkv() * D);
-                v.insert(v.end(), vr, vr + (size_t)c.hkv() * DV);
-            }
-            cu_k.push_back(cu_k.back() + (to - from));
-            delta.push_back((int64_t)(lk - lq) - from);
+    for (int r = 0; r < P; ++r) {
+        const Shard qs = make_shard(layout, P, r, c.cu_q);
+        const std::vector<uint16_t> q = gather_rows(pb.q, qs, c.cu_q);
+        std::vector<int32_t> work;
+        for (size_t i = 0; i < qs.segs.size(); ++i)
+            for (int64_t t0 = 0; t0 < qs.segs[i].span.count; t0 += 64)
+                work.push_back((int32_t)i), work.push_back((int32_t)t0);
+        const int64_t rows = qs.rows;
+        std::vector<uint16_t> o((size_t)rows * H * DV + 1, 0xffff);
+        std::vector<float> lse((size_t)H * rows + 1, NAN), m(lse), l(lse), acc(lse.size() * DV, NAN);
+        for (int step = 0; step < P; ++step) {
+            const Shard ks = make_shard(layout, P, (r - step + P) % P, c.cuk());
+            const std::vector<uint16_t> k = gather_rows(pb.k, ks, c.cuk()), v = gather_rows(pb.v, ks, c.cuk());
+            ra_fwd_tile_args a{};
+            a.q = q.data(), a.k = k.data(), a.v = v.data();
+            a.q_row = (int64_t)H * D, a.q_head = D, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
+            a.v_row = (int64_t)c.hkv() * DV, a.v_head = DV;
+            a.o = o.data(), a.o_row = (int64_t)H * DV, a.o_head = DV, a.lse = lse.data();
+            a.m = m.data(), a.l = l.data(), a.acc = acc.data();
+            a.qsegs = qs.segs.data(), a.ksegs = ks.segs.data(), a.work = work.data();
+            a.kseq_first = ks.seq_first.data(), a.delta = delta.data();
+            a.tq = (int)rows, a.heads = H, a.kv_heads = c.hkv();
+            a.window = ra_window{c.wl, c.eff_wr()};
+            a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
+            a.inv_softcap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
+            a.alibi = slopes.empty() ? nullptr : slopes.data();
+            a.first = step == 0, a.last = step == P - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
+            if (work.empty()) continue;
+            int st = 0;
+            RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), dim3((unsigned)work.size() / 2, (unsigned)H),
+                      dim3(128), ra_fwd_tile_smem(D, DV), nullptr, a);
+            REQUIRE(st == 0);
+            const cudaError_t e = cudaStreamSynchronize(nullptr);
+            INFO(ra_emu::last_error());
+            REQUIRE(e == cudaSuccess);
         }
-        k.push_back(0), v.push_back(0); // never empty
-        ra_fwd_tile_args a{};
-        a.q = rows_of(pb.q, 0), a.k = k.data(), a.v = v.data();
-        a.q_row = pb.q.rs, a.q_head = pb.q.hs, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
-        a.v_row = (int64_t)c.hkv() * DV, a.v_head = DV;
-        a.o = out.o.data(), a.o_row = (int64_t)H * DV, a.o_head = DV, a.lse = out.lse.data();
-        a.m = m.data(), a.l = l.data(), a.acc = acc.data();
-        a.cu_q = c.cu_q.data(), a.cu_k = cu_k.data(), a.delta = delta.data();
-        a.tq = tq, a.heads = H, a.kv_heads = c.hkv();
-        a.window_left = c.wl, a.window_right = c.eff_wr();
-        a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
-        a.inv_softcap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
-        a.alibi = slopes.empty() ? nullptr : slopes.data();
-        a.first = step == 0, a.last = step == steps - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
-        int st = 0;
-        RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), dim3((unsigned)(longest + 63) / 64, (unsigned)H, (unsigned)n),
-                  dim3(128), ra_fwd_tile_smem(D, DV), nullptr, a);
-        REQUIRE(st == 0);
-        const cudaError_t e = cudaStreamSynchronize(nullptr);
-        INFO(ra_emu::last_error());
-        REQUIRE(e == cudaSuccess);
+        int64_t row = 0; // back to global rows
+        for (const ra_segment &g : qs.segs)
+            for (int64_t j = 0; j < g.span.count; ++j, ++row) {
+                const int64_t gr = c.cu_q[g.span.seq] + g.span.pos + j * g.span.stride;
+                std::memcpy(&out.o[(size_t)gr * H * DV], &o[(size_t)row * H * DV], (size_t)H * DV * 2);
+                for (int h = 0; h < H; ++h)
+                    out.lse[(size_t)h * tq + gr] = lse[(size_t)h * rows + row];
+            }
     }
     ra_emu::set_policy(ra_emu::Policy::round_robin);
     return out;
@@ -97,13 +149,16 @@ ratest::Got got_of(const ratest::Problem &pb, const Out &r, int D)
     return g;
 }
 
-template <int D, int DV = D> void check_case(ratest::AttnConfig c, int split, uint64_t seed)
+// The problem on P ranks under a layout (P = 1: one rank), under two scheduling policies.
+template <int D, int DV = D>
+void check_case(ratest::AttnConfig c, int P, uint64_t seed,
+                ringattn_layout_t layout = RINGATTN_LAYOUT_CONTIGUOUS)
 {
     c.D = D, c.Dv = DV;
     const ratest::Problem pb = ratest::packed_problem(c, seed);
-    const Out a = run<D, DV>(pb, split, ra_emu::Policy::round_robin);
-    const Out b = run<D, DV>(pb, split, ra_emu::Policy::random);
-    INFO(c.describe() << ", split at key " << split);
+    const Out a = run<D, DV>(pb, layout, P, ra_emu::Policy::round_robin);
+    const Out b = run<D, DV>(pb, layout, P, ra_emu::Policy::random);
+    INFO(c.describe() << ", " << P << " ranks, layout " << layout);
     CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * 2) == 0);
     CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0);
     ratest::Spec9Options opt;
@@ -130,20 +185,20 @@ ratest::AttnConfig config(ringattn_dtype_t dt, int tq, int tk, int H, int Hkv, i
 
 } // namespace
 
-TEST_CASE("emulated forward tile kernel: bf16/f16, GQA, windows, two ring steps, SPEC 9",
+TEST_CASE("emulated forward tile kernel: bf16/f16, GQA, windows, two ranks, SPEC 9",
           "[emu][forward]")
 {
     uint64_t seed = 40;
     for (ringattn_dtype_t dt : {RINGATTN_BFLOAT16, RINGATTN_FLOAT16}) {
-        check_case<64>(config(dt, 100, 150, 4, 2, -1, -1, false), 70, seed++);  // full, GQA
-        check_case<64>(config(dt, 130, 130, 2, 1, -1, -1, true), 64, seed++);   // causal, MQA
-        check_case<64>(config(dt, 90, 60, 2, 2, -1, -1, true), 20, seed++);     // delta < 0: empty rows
-        check_case<64>(config(dt, 70, 200, 2, 1, 17, 3, false), 150, seed++);   // window, KV cache
-        check_case<128>(config(dt, 65, 97, 2, 1, -1, -1, true), 33, seed++);
+        check_case<64>(config(dt, 100, 150, 4, 2, -1, -1, false), 2, seed++);  // full, GQA
+        check_case<64>(config(dt, 130, 130, 2, 1, -1, -1, true), 2, seed++);   // causal, MQA
+        check_case<64>(config(dt, 90, 60, 2, 2, -1, -1, true), 2, seed++);     // delta < 0: empty rows
+        check_case<64>(config(dt, 70, 200, 2, 1, 17, 3, false), 2, seed++);   // window, KV cache
+        check_case<128>(config(dt, 65, 97, 2, 1, -1, -1, true), 2, seed++);
         // the window hull at tile boundaries: row 64's diagonal opens key tile 64 (causal), and
         // a window (1, 0) makes row 64 reach back to key 63 in tile 0
-        check_case<64>(config(dt, 65, 65, 1, 1, -1, -1, true), 0, seed++);
-        check_case<64>(config(dt, 100, 100, 1, 1, 1, -1, true), 0, seed++);
+        check_case<64>(config(dt, 65, 65, 1, 1, -1, -1, true), 1, seed++);
+        check_case<64>(config(dt, 100, 100, 1, 1, 1, -1, true), 1, seed++);
     }
 }
 
@@ -154,16 +209,29 @@ TEST_CASE("emulated forward tile kernel: packed varlen batches, softcap, ALiBi, 
     for (ringattn_dtype_t dt : {RINGATTN_BFLOAT16, RINGATTN_FLOAT16}) {
         // sequences of 70, 0 (empty), 130 and 5 queries; keys 90, 3, 130, 0 (a row with none)
         auto varlen = config(dt, {0, 70, 70, 200, 205}, {0, 90, 93, 223, 223}, 4, 2, -1, -1, true);
-        check_case<64>(varlen, 0, seed++);
+        check_case<64>(varlen, 1, seed++);
         auto capped = config(dt, 100, 120, 2, 1, 30, -1, false);
         capped.softcap = 5.0f;
-        check_case<64>(capped, 50, seed++);
+        check_case<64>(capped, 2, seed++);
         auto alibi = config(dt, 90, 90, 2, 2, -1, -1, true);
         alibi.alibi = {0.25f, 0.0625f};
-        check_case<64, 128>(alibi, 40, seed++);
+        check_case<64, 128>(alibi, 2, seed++);
         auto both = config(dt, {0, 40, 140}, {0, 40, 140}, 2, 1, 25, 0, false);
         both.softcap = 3.0f;
         both.alibi = {0.5f, 0.125f};
-        check_case<128, 64>(both, 0, seed++);
+        check_case<128, 64>(both, 1, seed++);
     }
+}
+
+TEST_CASE("emulated forward tile kernel: every layout's shards as a ring of 2 and 3 ranks",
+          "[emu][forward]")
+{
+    uint64_t seed = 120;
+    for (ringattn_layout_t layout : {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
+                                     RINGATTN_LAYOUT_STRIPED})
+        for (int P : {2, 3}) {
+            check_case<64>(config(RINGATTN_BFLOAT16, {0, 150, 230}, {0, 150, 230}, 2, 1, -1, -1, true),
+                           P, seed++, layout);
+            check_case<64>(config(RINGATTN_FLOAT16, 200, 200, 2, 2, 37, 0, false), P, seed++, layout);
+        }
 }
