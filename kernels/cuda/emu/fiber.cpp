@@ -180,29 +180,31 @@ void fiber_from_scheduler(Fiber &f)
 #endif
 }
 
-void fiber_exit_to_scheduler(Fiber &f)
+// Switches from fiber f back to the scheduler; asan_save: where ASan keeps f's fake stack
+// (NULL: f has finished, ASan drops it).
+static void switch_out(Fiber &f, void **asan_save)
 {
 #ifdef RA_EMU_ASAN
-    __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);
+    __sanitizer_start_switch_fiber(asan_save, scheduler_stack_bottom, scheduler_stack_size);
+#else
+    (void)asan_save;
 #endif
 #if defined(__x86_64__)
     ra_emu_switch(&f.sp, scheduler_sp);
 #else
     swapcontext((ucontext_t *)f.ctx, &scheduler_ctx);
 #endif
+}
+
+void fiber_exit_to_scheduler(Fiber &f)
+{
+    switch_out(f, nullptr);
     std::abort(); // never resumed
 }
 
 void fiber_to_scheduler(Fiber &f)
 {
-#ifdef RA_EMU_ASAN
-    __sanitizer_start_switch_fiber(&f.asan_fake, scheduler_stack_bottom, scheduler_stack_size);
-#endif
-#if defined(__x86_64__)
-    ra_emu_switch(&f.sp, scheduler_sp);
-#else
-    swapcontext((ucontext_t *)f.ctx, &scheduler_ctx);
-#endif
+    switch_out(f, &f.asan_fake);
 #ifdef RA_EMU_ASAN
     __sanitizer_finish_switch_fiber(f.asan_fake, &scheduler_stack_bottom, &scheduler_stack_size);
 #endif
