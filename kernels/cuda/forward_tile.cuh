@@ -17,28 +17,7 @@
 // without a per-element mask come next.
 #pragma once
 
-#include "kernels/cuda/device.cuh"
-#include "kernels/softmax_state.h"
-#include "masks/shard.h"
-
-struct ra_fwd_tile_args {
-    const uint16_t *q, *k, *v; // [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D_v] (element strides)
-    int64_t q_row, q_head, k_row, k_head, v_row, v_head;
-    uint16_t *o;               // [T_q, H, D_v], written at the last step
-    int64_t o_row, o_head;
-    float *lse;                // [H, T_q], written at the last step
-    float *m, *l, *acc;        // the running state: [H, T_q], [H, T_q], [H, T_q, D_v]
-    // device memory: the query segments and the tiles to compute (segment, first index) pairs,
-    // the held key shard's segments and, per sequence, its first segment ([num_seqs + 1])
-    const ra_segment *qsegs, *ksegs;
-    const int32_t *work, *kseq_first;
-    const int64_t *delta;      // [num_seqs] SPEC 2: L_k - L_q
-    int tq, heads, kv_heads;   // tq: the local query rows (the state's and LSE's row count)
-    ra_window window;          // SPEC 3, causal folded in
-    float scale, softcap, inv_softcap; // softcap 0: off
-    const float *alibi;        // [H] device memory, or NULL
-    int first, last, bf16;
-};
+#include "kernels/cuda/forward_common.cuh"
 
 namespace ra_fwd {
 
@@ -67,20 +46,6 @@ __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, 
     }
 }
 
-// SPEC 2 and 3 for the query at position pi and the key at position pj of one sequence: the
-// logit of the raw product z, or -inf where the mask forbids the pair (or the row or key is
-// past its tile's end: live = 0).
-__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int live, int64_t pi,
-                                       int64_t pj, int64_t delta, float slope)
-{
-    if (!live || !ra__allowed(a.window, delta, 0, pi, 0, pj)) return -INFINITY;
-    const int64_t diag = pi + delta;
-    z *= a.scale;
-    if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
-    if (a.alibi) z -= slope * (float)(diag > pj ? diag - pj : pj - diag);
-    return z;
-}
-
 } // namespace ra_fwd
 
 // Grid: (the work list's query tiles, heads); 128 threads.
@@ -91,18 +56,18 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     RA_DYNAMIC_SMEM(uint16_t, sm);
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
-    const ra_segment qseg = a.qsegs[a.work[2 * blockIdx.x]];
-    const int t0 = a.work[2 * blockIdx.x + 1];
-    const int64_t left = qseg.span.count - t0;
-    const int lq = (int)(left < BQ ? left : BQ); // this tile's query rows
-    const ra_span qtile = {qseg.span.seq, qseg.span.pos + t0 * qseg.span.stride, qseg.span.stride, lq};
-    const int64_t qb = qseg.row + t0; // its first local row
+    ra_span qtile;
+    int64_t qb; // the tile's first local row
+    query_tile(a, (int)blockIdx.x, BQ, &qtile, &qb);
+    const int lq = (int)qtile.count; // this tile's query rows
+    const uint16_t *gq = static_cast<const uint16_t *>(a.q), *gk = static_cast<const uint16_t *>(a.k),
+                   *gv = static_cast<const uint16_t *>(a.v);
     const int64_t delta = a.delta[qtile.seq];
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool bf16 = a.bf16 != 0;
 
-    load_tile<D>(sq, a.q + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ);
+    load_tile<D>(sq, gq + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ);
     ra_cp_async_commit();
 
     // this lane's two rows (g, g + 8 of its warp's 16, within the tile), positions, state
@@ -132,16 +97,10 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     auto q_fragment = [&](int kk, uint32_t f[4]) {
         ra_ldmatrix_x4(false, f, sq + swz<D>(warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
     };
-    for (int ks = a.kseq_first[qtile.seq]; ks < a.kseq_first[qtile.seq + 1]; ++ks)
-    {
-    const ra_segment kseg = a.ksegs[ks];
-    const int lk = (int)kseg.span.count;
-    int64_t k_lo, k_hi; // the hull: key tiles outside it are EMPTY for every row of the tile
-    ra__key_hull(a.window, delta, &qtile, &kseg.span, &k_lo, &k_hi);
-    for (int k0 = (int)(k_lo / BK * BK); k0 < k_hi; k0 += BK) {
-        const uint16_t *kbase = a.k + kseg.row * a.k_row + hk * a.k_head;
-        load_tile<D>(sk, kbase, a.k_row, k0, lk, BK);
-        load_tile<DV>(sv, a.v + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
+    for_each_key_tile(a, qtile, delta, BK, [&](const ra_segment &kseg, int k0) {
+        const int lk = (int)kseg.span.count;
+        load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK);
+        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
@@ -199,7 +158,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (!any) continue;
+            if (!any) continue; // SPEC 4: no allowed key yet, nothing changes
             l[r] = alpha * l[r] + sum;
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
@@ -223,8 +182,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
             }
         }
         __syncthreads(); // the next tiles overwrite sk and sv
-    }
-    }
+    });
 
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -240,7 +198,8 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         }
         // SPEC 4 finalise: an empty row gives O = 0 and LSE = -inf
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        uint16_t *o = a.o + (int64_t)(qb + rows[r]) * a.o_row + (int64_t)h * a.o_head;
+        uint16_t *o = static_cast<uint16_t *>(a.o) + (int64_t)(qb + rows[r]) * a.o_row +
+                      (int64_t)h * a.o_head;
         RA_UNROLL
         for (int n = 0; n < DV / 8; ++n) {
             const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/forward_f32.cuh"
 #include "kernels/cuda/forward_tile.cuh"
 #include "support/cases.hpp"
 #include "support/spec9.hpp"
@@ -17,13 +18,15 @@
 namespace {
 
 struct Out {
-    std::vector<uint16_t> o;
+    std::vector<unsigned char> o; // [T_q, H, D_v] of the dtype
     std::vector<float> lse;
 };
 
-const uint16_t *rows_of(const ratest::TView &t, int64_t row)
+size_t elem_of(ringattn_dtype_t dt) { return dt == RINGATTN_FLOAT32 ? 4 : 2; }
+
+const unsigned char *rows_of(const ratest::TView &t, int64_t row)
 {
-    return reinterpret_cast<const uint16_t *>(t.buf->bytes.data()) + t.off + row * t.rs;
+    return t.buf->bytes.data() + (size_t)(t.off + row * t.rs) * elem_of(t.buf->dtype);
 }
 
 // A rank's tokens under a layout of SPEC 8 as segments (masks/shard.h): contiguous (one chunk
@@ -57,17 +60,18 @@ Shard make_shard(ringattn_layout_t layout, int P, int r, const std::vector<int32
     return sh;
 }
 
-// A shard's rows of a global [T, heads, dim] tensor, packed.
-std::vector<uint16_t> gather_rows(const ratest::TView &t, const Shard &sh, const std::vector<int32_t> &cu)
+// A shard's rows of a global [T, heads, dim] tensor, packed (bytes of its dtype).
+std::vector<unsigned char> gather_rows(const ratest::TView &t, const Shard &sh,
+                                       const std::vector<int32_t> &cu)
 {
-    std::vector<uint16_t> out;
-    const size_t w = (size_t)t.heads * t.dim;
+    std::vector<unsigned char> out;
+    const size_t w = (size_t)t.heads * t.dim * elem_of(t.buf->dtype);
     for (const ra_segment &g : sh.segs)
         for (int64_t j = 0; j < g.span.count; ++j) {
-            const uint16_t *row = rows_of(t, cu[g.span.seq] + g.span.pos + j * g.span.stride);
+            const unsigned char *row = rows_of(t, cu[g.span.seq] + g.span.pos + j * g.span.stride);
             out.insert(out.end(), row, row + w);
         }
-    out.push_back(0); // never empty
+    out.resize(out.size() + 16, 0); // never empty
     return out;
 }
 
@@ -79,7 +83,8 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
 {
     const ratest::AttnConfig &c = pb.cfg;
     const int tq = (int)c.Tq(), H = c.H, n = c.num_seqs();
-    Out out{std::vector<uint16_t>((size_t)tq * H * DV, 0xffff),
+    const size_t e = elem_of(c.dtype);
+    Out out{std::vector<unsigned char>((size_t)tq * H * DV * e, 0xff),
             std::vector<float>((size_t)H * tq, NAN)};
     std::vector<float> slopes(c.alibi.begin(), c.alibi.end());
     std::vector<int64_t> delta;
@@ -88,17 +93,18 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
     ra_emu::set_policy(policy, 9);
     for (int r = 0; r < P; ++r) {
         const Shard qs = make_shard(layout, P, r, c.cu_q);
-        const std::vector<uint16_t> q = gather_rows(pb.q, qs, c.cu_q);
+        const std::vector<unsigned char> q = gather_rows(pb.q, qs, c.cu_q);
         std::vector<int32_t> work;
         for (size_t i = 0; i < qs.segs.size(); ++i)
             for (int64_t t0 = 0; t0 < qs.segs[i].span.count; t0 += 64)
                 work.push_back((int32_t)i), work.push_back((int32_t)t0);
         const int64_t rows = qs.rows;
-        std::vector<uint16_t> o((size_t)rows * H * DV + 1, 0xffff);
+        std::vector<unsigned char> o(((size_t)rows * H * DV + 1) * e, 0xff); // poisoned
         std::vector<float> lse((size_t)H * rows + 1, NAN), m(lse), l(lse), acc(lse.size() * DV, NAN);
         for (int step = 0; step < P; ++step) {
             const Shard ks = make_shard(layout, P, (r - step + P) % P, c.cuk());
-            const std::vector<uint16_t> k = gather_rows(pb.k, ks, c.cuk()), v = gather_rows(pb.v, ks, c.cuk());
+            const std::vector<unsigned char> k = gather_rows(pb.k, ks, c.cuk()),
+                                             v = gather_rows(pb.v, ks, c.cuk());
             ra_fwd_tile_args a{};
             a.q = q.data(), a.k = k.data(), a.v = v.data();
             a.q_row = (int64_t)H * D, a.q_head = D, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
@@ -115,8 +121,13 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             a.first = step == 0, a.last = step == P - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
             if (work.empty()) continue;
             int st = 0;
-            RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), dim3((unsigned)work.size() / 2, (unsigned)H),
-                      dim3(128), ra_fwd_tile_smem(D, DV), nullptr, a);
+            const dim3 grid((unsigned)work.size() / 2, (unsigned)H);
+            if (c.dtype == RINGATTN_FLOAT32)
+                RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(64), ra_fwd_f32_smem(D, DV),
+                          nullptr, a);
+            else
+                RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), grid, dim3(128), ra_fwd_tile_smem(D, DV),
+                          nullptr, a);
             REQUIRE(st == 0);
             const cudaError_t e = cudaStreamSynchronize(nullptr);
             INFO(ra_emu::last_error());
@@ -126,7 +137,8 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
         for (const ra_segment &g : qs.segs)
             for (int64_t j = 0; j < g.span.count; ++j, ++row) {
                 const int64_t gr = c.cu_q[g.span.seq] + g.span.pos + j * g.span.stride;
-                std::memcpy(&out.o[(size_t)gr * H * DV], &o[(size_t)row * H * DV], (size_t)H * DV * 2);
+                std::memcpy(&out.o[(size_t)gr * H * DV * e], &o[(size_t)row * H * DV * e],
+                            (size_t)H * DV * e);
                 for (int h = 0; h < H; ++h)
                     out.lse[(size_t)h * tq + gr] = lse[(size_t)h * rows + row];
             }
@@ -140,9 +152,10 @@ ratest::Got got_of(const ratest::Problem &pb, const Out &r, int D)
     const ratest::AttnConfig &c = pb.cfg;
     ratest::Got g;
     g.O = ratest::Dense(c.Tq(), c.H, D);
-    for (size_t i = 0; i < r.o.size(); ++i) {
+    const size_t e = elem_of(c.dtype);
+    for (size_t i = 0; i < g.O.v.size(); ++i) {
         float f;
-        ra__load_f32(&f, &r.o[i], c.dtype, 1);
+        ra__load_f32(&f, &r.o[i * e], c.dtype, 1);
         g.O.v[i] = f;
     }
     g.lse.assign(r.lse.begin(), r.lse.end());
@@ -159,7 +172,7 @@ void check_case(ratest::AttnConfig c, int P, uint64_t seed,
     const Out a = run<D, DV>(pb, layout, P, ra_emu::Policy::round_robin);
     const Out b = run<D, DV>(pb, layout, P, ra_emu::Policy::random);
     INFO(c.describe() << ", " << P << " ranks, layout " << layout);
-    CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * 2) == 0);
+    CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size()) == 0);
     CHECK(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0);
     ratest::Spec9Options opt;
     opt.backward = false;
@@ -234,4 +247,19 @@ TEST_CASE("emulated forward tile kernel: every layout's shards as a ring of 2 an
                            P, seed++, layout);
             check_case<64>(config(RINGATTN_FLOAT16, 200, 200, 2, 2, 37, 0, false), P, seed++, layout);
         }
+}
+
+TEST_CASE("emulated float32 forward kernel (FFMA): masks, varlen, layouts, SPEC 9's float32 limit",
+          "[emu][forward][f32]")
+{
+    uint64_t seed = 160;
+    const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
+    check_case<64>(config(f32, 100, 150, 4, 2, -1, -1, false), 2, seed++);
+    check_case<64>(config(f32, 90, 60, 2, 2, -1, -1, true), 1, seed++); // rows with no key
+    auto varlen = config(f32, {0, 70, 70, 200, 205}, {0, 90, 93, 223, 223}, 4, 2, 20, 0, false);
+    varlen.softcap = 4.0f;
+    varlen.alibi = {0.25f, 0.125f, 0.0625f, 0.5f};
+    check_case<64, 128>(varlen, 1, seed++);
+    for (ringattn_layout_t layout : {RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED})
+        check_case<128, 64>(config(f32, 160, 160, 2, 1, -1, -1, true), 3, seed++, layout);
 }
