@@ -21,6 +21,8 @@
 
 namespace ra_fwd {
 
+// D up to 256; D_v up to 128 (at D_v = 256 the P V accumulators alone fill the register file:
+// that needs 8 warps or a split over D_v)
 constexpr int BQ = 64, BK = 64, WARPS = 4;
 
 // The swizzled address of 16-bit element (row, col) of a tile of D columns.
@@ -54,6 +56,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
+    static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     ra_span qtile;
@@ -87,10 +90,10 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 acc[n][2 * r + c] = live ? a.acc[at * DV + n * 8 + 2 * t + c] : 0.0f;
     }
 
-    // Q's A fragments: in registers, loaded at the first key tile, while D <= 64; above, they
-    // are read from shared memory at each k-step (Q stays there), so that D = D_v = 128 fits
-    // the register file without spills
-    constexpr bool q_in_registers = D <= 64;
+    // Q's A fragments: in registers, loaded at the first key tile, while D + D_v <= 128; above,
+    // they are read from shared memory at each k-step (Q stays there), so that the larger head
+    // dims fit the register file without spills
+    constexpr bool q_in_registers = D + DV <= 128;
     uint32_t qf[q_in_registers ? D / 16 : 1][4];
     bool q_loaded = false;
     const int qm = lane >> 3, qr = lane & 7;

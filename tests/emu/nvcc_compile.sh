@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The emulated kernels' source compiles under nvcc too (one program for both builds): the
 # self-test kernels (tests/emu/emu_test_kernels.cuh), the float32 forward kernel and the tile kernel
-# (kernels/cuda/forward_tile.cuh, D and D_v 64 and 128) for sm_80 and sm_90, with no register spills,
+# (kernels/cuda/forward_tile.cuh, D 32-256, D_v 32-128) for sm_80 and sm_90, with no register spills,
 # and the PTX has the wrapper's tensor-core and async-copy instructions. Skipped (77) without
 # nvcc.
 # usage: nvcc_compile.sh SOURCE_DIR WORK_DIR
@@ -15,6 +15,8 @@ cat > "$work/emu_test_kernels.cu" <<'CU'
 #include "kernels/cuda/forward_f32.cuh"
 template __global__ void ra_fwd_f32_kernel<64, 64>(ra_fwd_tile_args);
 template __global__ void ra_fwd_f32_kernel<128, 128>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<32, 32>(ra_fwd_tile_args);
+template __global__ void ra_fwd_tile_kernel<256, 128>(ra_fwd_tile_args);
 template __global__ void ra_fwd_tile_kernel<64, 64>(ra_fwd_tile_args);
 template __global__ void ra_fwd_tile_kernel<128, 128>(ra_fwd_tile_args);
 template __global__ void ra_fwd_tile_kernel<64, 128>(ra_fwd_tile_args);

@@ -249,6 +249,14 @@ TEST_CASE("emulated forward tile kernel: every layout's shards as a ring of 2 an
         }
 }
 
+TEST_CASE("emulated forward tile kernel: head dims 32 and 256 (D_v <= 128)", "[emu][forward]")
+{
+    uint64_t seed = 140;
+    check_case<32>(config(RINGATTN_BFLOAT16, 100, 130, 2, 1, -1, -1, true), 2, seed++);
+    check_case<256, 64>(config(RINGATTN_BFLOAT16, 70, 90, 2, 1, 30, -1, false), 2, seed++);
+    check_case<256, 128>(config(RINGATTN_FLOAT16, 80, 80, 2, 2, -1, -1, true), 1, seed++);
+}
+
 TEST_CASE("emulated float32 forward kernel (FFMA): masks, varlen, layouts, SPEC 9's float32 limit",
           "[emu][forward][f32]")
 {
