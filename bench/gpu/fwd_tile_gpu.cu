@@ -49,8 +49,9 @@ template <int D> void launch(const ra_fwd_tile_args &a, int tq, int H, cudaStrea
 
 struct Device {
     uint16_t *q, *k, *v, *o;
-    float *lse, *m, *l, *acc, *alibi;
-    int32_t *cu_q, *cu_k;
+    float *lse;
+    ra_segment *qsegs, *ksegs; // one sequence: one segment each
+    int32_t *work, *kseq_first;
     int64_t *delta;
 };
 
@@ -64,25 +65,34 @@ ra_fwd_tile_args make(const Shape &s, const std::vector<uint16_t> &hq, const std
     CHECK_CUDA(cudaMalloc((void **)&d.v, nk * 2));
     CHECK_CUDA(cudaMalloc((void **)&d.o, nq * 2));
     CHECK_CUDA(cudaMalloc((void **)&d.lse, (size_t)s.H * s.tq * 4));
-    CHECK_CUDA(cudaMalloc((void **)&d.cu_q, 8));
-    CHECK_CUDA(cudaMalloc((void **)&d.cu_k, 8));
+    // the segment model (masks/shard.h): one segment per shard, the query tiles listed
+    const ra_segment qs = {ra_span{0, 0, 1, s.tq}, 0}, ks = {ra_span{0, 0, 1, s.tk}, 0};
+    std::vector<int32_t> work;
+    for (int t0 = 0; t0 < s.tq; t0 += 64) work.push_back(0), work.push_back(t0);
+    const int32_t kseq_first[2] = {0, 1};
+    CHECK_CUDA(cudaMalloc((void **)&d.qsegs, sizeof qs));
+    CHECK_CUDA(cudaMalloc((void **)&d.ksegs, sizeof ks));
+    CHECK_CUDA(cudaMalloc((void **)&d.work, work.size() * 4));
+    CHECK_CUDA(cudaMalloc((void **)&d.kseq_first, 8));
     CHECK_CUDA(cudaMalloc((void **)&d.delta, 8));
+    CHECK_CUDA(cudaMemcpy(d.qsegs, &qs, sizeof qs, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d.ksegs, &ks, sizeof ks, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d.work, work.data(), work.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d.kseq_first, kseq_first, 8, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.k, hk.data(), nk * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.v, hv.data(), nk * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(d.o, 0xff, nq * 2)); // poisoned
-    const int32_t cq[2] = {0, s.tq}, ck[2] = {0, s.tk};
     const int64_t delta = s.tk - s.tq;
-    CHECK_CUDA(cudaMemcpy(d.cu_q, cq, 8, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(d.cu_k, ck, 8, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.delta, &delta, 8, cudaMemcpyHostToDevice));
     ra_fwd_tile_args a{};
     a.q = d.q, a.k = d.k, a.v = d.v, a.o = d.o, a.lse = d.lse;
     a.q_row = (int64_t)s.H * s.D, a.q_head = s.D, a.k_row = (int64_t)s.Hkv * s.D, a.k_head = s.D;
     a.v_row = a.k_row, a.v_head = s.D, a.o_row = a.q_row, a.o_head = s.D;
-    a.cu_q = d.cu_q, a.cu_k = d.cu_k, a.delta = d.delta;
+    a.qsegs = d.qsegs, a.ksegs = d.ksegs, a.work = d.work, a.kseq_first = d.kseq_first;
+    a.delta = d.delta;
     a.tq = s.tq, a.heads = s.H, a.kv_heads = s.Hkv;
-    a.window_left = s.wl, a.window_right = s.wr, a.scale = 1.0f / std::sqrt((float)s.D);
+    a.window = ra_window{s.wl, s.wr}, a.scale = 1.0f / std::sqrt((float)s.D);
     a.first = a.last = 1, a.bf16 = s.bf16;
     return a;
 }
@@ -90,7 +100,8 @@ ra_fwd_tile_args make(const Shape &s, const std::vector<uint16_t> &hq, const std
 void release(Device &d)
 {
     for (void *p : {(void *)d.q, (void *)d.k, (void *)d.v, (void *)d.o, (void *)d.lse,
-                    (void *)d.cu_q, (void *)d.cu_k, (void *)d.delta})
+                    (void *)d.qsegs, (void *)d.ksegs, (void *)d.work, (void *)d.kseq_first,
+                    (void *)d.delta})
         cudaFree(p);
 }
 
