@@ -24,23 +24,37 @@ struct ra_fwd_tile_args {
     ra_window window;          // SPEC 3, causal folded in
     float scale, softcap, inv_softcap; // softcap 0: off
     const float *alibi;        // [H] device memory, or NULL
+    // SPEC 6 key bias of the held shard, [bias_heads, bias_ld] (its local key rows), or NULL;
+    // query head h reads bias head h / (H / bias_heads). (Top-k selection: not yet.)
+    const float *bias;
+    int64_t bias_ld;
+    int bias_heads;
     int first, last, bf16;     // bf16: 16-bit storage is bfloat16, else float16 (tile kernel)
 };
 
 namespace ra_fwd {
 
-// SPEC 2 and 3 for the query at position pi and the key at position pj of one sequence: the
-// logit of the raw product z, or -inf where the mask forbids the pair (or the row or key is
-// past its tile's end: live = 0).
+// SPEC 2 and 3 for the query at position pi and the key at position pj (local key row kr) of
+// one sequence: the logit of the raw product z, or -inf where the mask forbids the pair (or the
+// row or key is past its tile's end: live = 0). bias: the head's row of the key bias, or NULL;
+// added last and not scaled (SPEC 2), a -inf bias masks the key.
 __device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int live, int64_t pi,
-                                       int64_t pj, int64_t delta, float slope)
+                                       int64_t pj, int64_t kr, int64_t delta, float slope,
+                                       const float *bias)
 {
     if (!live || !ra__allowed(a.window, delta, 0, pi, 0, pj)) return -INFINITY;
     const int64_t diag = pi + delta;
     z *= a.scale;
     if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
     if (a.alibi) z -= slope * (float)(diag > pj ? diag - pj : pj - diag);
+    if (bias) z += bias[kr];
     return z;
+}
+
+// The key bias row query head h reads (SPEC 6), or NULL without a bias.
+__device__ __forceinline__ const float *bias_row(const ra_fwd_tile_args &a, int h)
+{
+    return a.bias ? a.bias + (int64_t)(h / (a.heads / a.bias_heads)) * a.bias_ld : nullptr;
 }
 
 // The query tile of work item `item`: its span (positions within its sequence) and its first

@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(64) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     const int64_t at = (int64_t)h * a.tq + qb + row, pi = qtile.pos + row * qtile.stride;
     const int64_t delta = a.delta[qtile.seq];
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
+    const float *brow = bias_row(a, h);
     float m, l, acc[DV];
     ra__state_init(&m, &l, acc, DV);
     if (live && !a.first) {
@@ -60,7 +61,8 @@ __global__ void __launch_bounds__(64) ra_fwd_f32_kernel(ra_fwd_tile_args a)
             float z = 0.0f;
             for (int c = 0; c < D; ++c) z = fmaf(sq[row * QS + c], sk[j * D + c], z);
             s[j] = logit(a, z, live && k0 + j < lk, pi,
-                         kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride, delta, slope);
+                         kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride, kseg.row + k0 + j,
+                         delta, slope, brow);
         }
         ra__state_update(&m, &l, acc, DV, s, BK, sv, DV); // SPEC 4, the scalar reference
         __syncthreads(); // the next tiles overwrite sk and sv

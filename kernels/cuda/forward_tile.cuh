@@ -13,8 +13,8 @@
 // batches take one path. One block per (query tile of a query segment, head): the host lists
 // the tiles (work); for each key segment of the same sequence the block walks only the key
 // tiles inside the window's hull (masks/mask.h, shared with the CPU; EMPTY tiles skipped
-// exactly). SPEC 2's scale, softcap and ALiBi, GQA, D != D_v. Dynamic masks and FULL tiles
-// without a per-element mask come next.
+// exactly). SPEC 2's scale, softcap, ALiBi and the SPEC 6 key bias, GQA, D != D_v. Top-k
+// selection and FULL tiles without a per-element mask come next.
 #pragma once
 
 #include "kernels/cuda/forward_common.cuh"
@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                    *gv = static_cast<const uint16_t *>(a.v);
     const int64_t delta = a.delta[qtile.seq];
     const float slope = a.alibi ? a.alibi[h] : 0.0f;
+    const float *brow = bias_row(a, h);
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool bf16 = a.bf16 != 0;
 
@@ -143,7 +144,8 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                     float &x = s[n][2 * r + c];
                     const int kj = k0 + n * 8 + 2 * t + c;
                     x = logit(a, x, rows[r] < lq && kj < lk, qpos[r],
-                              kseg.span.pos + (int64_t)kj * kseg.span.stride, delta, slope);
+                              kseg.span.pos + (int64_t)kj * kseg.span.stride, kseg.row + kj, delta,
+                              slope, brow);
                     mb = x > mb ? x : mb;
                 }
             mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));

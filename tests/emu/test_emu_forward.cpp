@@ -105,6 +105,13 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             const Shard ks = make_shard(layout, P, (r - step + P) % P, c.cuk());
             const std::vector<unsigned char> k = gather_rows(pb.k, ks, c.cuk()),
                                              v = gather_rows(pb.v, ks, c.cuk());
+            // the key bias of this shard's rows, [H_b, rows] (SPEC 6)
+            std::vector<float> bias;
+            for (int hb = 0; hb < c.key_bias_heads; ++hb)
+                for (const ra_segment &g : ks.segs)
+                    for (int64_t j = 0; j < g.span.count; ++j)
+                        bias.push_back(pb.bias_buf[(size_t)hb * c.Tk() + c.cuk()[g.span.seq] +
+                                                   g.span.pos + j * g.span.stride]);
             ra_fwd_tile_args a{};
             a.q = q.data(), a.k = k.data(), a.v = v.data();
             a.q_row = (int64_t)H * D, a.q_head = D, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
@@ -118,6 +125,8 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
             a.inv_softcap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
             a.alibi = slopes.empty() ? nullptr : slopes.data();
+            a.bias = c.key_bias_heads ? bias.data() : nullptr;
+            a.bias_ld = ks.rows, a.bias_heads = c.key_bias_heads;
             a.first = step == 0, a.last = step == P - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
             if (work.empty()) continue;
             int st = 0;
@@ -177,7 +186,7 @@ void check_case(ratest::AttnConfig c, int P, uint64_t seed,
     ratest::Spec9Options opt;
     opt.backward = false;
     opt.label = c.describe();
-    CHECK(ratest::spec9_check(c, pb.q.to_dense(), pb.k.to_dense(), pb.v.to_dense(),
+    CHECK(ratest::spec9_check(pb.cfg, pb.q.to_dense(), pb.k.to_dense(), pb.v.to_dense(),
                               pb.dout.to_dense(), got_of(pb, a, DV), opt));
 }
 
@@ -270,4 +279,17 @@ TEST_CASE("emulated float32 forward kernel (FFMA): masks, varlen, layouts, SPEC 
     check_case<64, 128>(varlen, 1, seed++);
     for (ringattn_layout_t layout : {RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_STRIPED})
         check_case<128, 64>(config(f32, 160, 160, 2, 1, -1, -1, true), 3, seed++, layout);
+}
+
+TEST_CASE("emulated forward kernels: the SPEC 6 key bias of 1, H_kv or H heads", "[emu][forward]")
+{
+    uint64_t seed = 180;
+    for (int hb : {1, 2, 4})
+        for (ringattn_dtype_t dt : {RINGATTN_BFLOAT16, RINGATTN_FLOAT32}) {
+            auto c = config(dt, {0, 90, 170}, {0, 90, 170}, 4, 2, 30, 0, false);
+            c.key_bias_heads = hb;
+            c.softcap = hb == 2 ? 6.0f : 0.0f;
+            c.alibi = hb == 4 ? std::vector<float>{0.1f, 0.2f, 0.05f, 0.0f} : std::vector<float>{};
+            check_case<64>(c, 2, seed++, RINGATTN_LAYOUT_STRIPED);
+        }
 }
