@@ -42,17 +42,20 @@ void ra__mpi_orphan(ringattn_comm_t c, MPI_Request *req)
     *req = MPI_REQUEST_NULL;
 }
 
+/* A request has ended, or there is none (it is then MPI_REQUEST_NULL). */
+static int test_done(MPI_Request *req)
+{
+    int flag = 1;
+    if (*req != MPI_REQUEST_NULL) MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    return flag;
+}
+
 /* Tests the kept requests; returns how many still run. */
 static int mpi_still_active(ringattn_comm_t c)
 {
     mpi_impl *impl = c->impl;
     int running = 0;
-    for (int i = 0; i < impl->num_orphans; ++i) {
-        int flag = 1;
-        if (impl->orphans[i] != MPI_REQUEST_NULL)
-            MPI_Test(&impl->orphans[i], &flag, MPI_STATUS_IGNORE);
-        running += !flag;
-    }
+    for (int i = 0; i < impl->num_orphans; ++i) running += !test_done(&impl->orphans[i]);
     if (running == 0) impl->num_orphans = 0;
     const int lost = c->active - impl->num_orphans; /* freed unknown: never ends for us */
     c->active = running + (lost > 0 ? lost : 0);
@@ -72,8 +75,6 @@ int ra__mpi_peer_failed(ringattn_comm_t c)
     c->reason[sizeof c->reason - 1] = '\0';
     return 1;
 }
-
-static int mpi_peer_failed(ringattn_comm_t c) { return ra__mpi_peer_failed(c); }
 
 /* Tells every peer, without waiting: their waits poll for the notice. */
 static void mpi_notify_failure(ringattn_comm_t c)
@@ -165,14 +166,6 @@ static void impl_free(mpi_impl *impl)
     free(impl);
 }
 
-/* A request this rank sent on its own (a notice, a heartbeat) has ended, or there is none. */
-static int test_done(MPI_Request *req)
-{
-    int flag = 1;
-    if (*req != MPI_REQUEST_NULL) MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-    return flag;
-}
-
 static void mpi_destroy(ringattn_comm_t c)
 {
     mpi_impl *impl = c->impl;
@@ -202,7 +195,7 @@ static const struct ra_comm_ops mpi_ops = {
     .exchange_test = ra__mpi_exchange_test,
     .exchange_wait = ra__mpi_exchange_wait,
     .notify_failure = mpi_notify_failure,
-    .peer_failed = mpi_peer_failed,
+    .peer_failed = ra__mpi_peer_failed,
     .still_active = mpi_still_active,
     .beat = mpi_beat,
     .destroy = mpi_destroy,

@@ -73,10 +73,9 @@ static void unlink_post(hub *h, post *p)
     p->live = 0;
 }
 
-/* One matching attempt, lock held. Returns 1 when the exchange is complete; *moved is set
-   when one of its messages completed. */
-static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st,
-                           int *moved)
+/* One matching attempt, lock held. Returns 1 when the exchange is complete. Every message
+   completed counts in h->moves (the receiver copies it), the progress the waits watch. */
+static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st)
 {
     int complete = 1;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
@@ -93,15 +92,11 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
             p->consumed = 1;
             r->bytes = 0; /* received */
             ++h->moves;
-            *moved = 1;
             pthread_cond_broadcast(&h->cv);
             break;
         }
         post *mine = &posts_of(x)[i];
-        if (mine->live && mine->consumed) {
-            unlink_post(h, mine);
-            *moved = 1;
-        }
+        if (mine->live && mine->consumed) unlink_post(h, mine);
         complete = complete && !r->bytes && !mine->live;
     }
     return complete;
@@ -112,9 +107,8 @@ static void th_poll(void *ctx)
     ra_exchange *x = ctx;
     hub *h = x->comm->impl;
     ringattn_status_t st = RINGATTN_SUCCESS; /* a failure shows again in the wait */
-    int moved = 0;
     pthread_mutex_lock(&h->mu);
-    (void)progress_locked(x->comm, h, x, &st, &moved);
+    (void)progress_locked(x->comm, h, x, &st);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -145,9 +139,8 @@ static ringattn_status_t th_test(ringattn_comm_t c, ra_exchange *x, int *done)
 {
     hub *h = c->impl;
     ringattn_status_t st = RINGATTN_SUCCESS;
-    int moved = 0;
     pthread_mutex_lock(&h->mu);
-    *done = progress_locked(c, h, x, &st, &moved);
+    *done = progress_locked(c, h, x, &st);
     pthread_mutex_unlock(&h->mu);
     return st;
 }
@@ -174,10 +167,9 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
     if (x->stream) ra__host_stream_detach(x->stream, x);
     x->stream = NULL;
     struct timespec until = deadline();
-    int moved = 0;
     pthread_mutex_lock(&h->mu);
     unsigned long seen = h->moves;
-    while (!progress_locked(c, h, x, &st, &moved)) {
+    while (!progress_locked(c, h, x, &st)) {
         if (h->failed) {
             give_up_locked(h, x);
             st = hub_failed(c, h);
@@ -185,8 +177,7 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
         }
         /* the deadline counts time without progress anywhere in the ring: this rank may wait
            on one that waits on a slow one (comm/mpi_exchange.c's heartbeats, in one process) */
-        if (moved || h->moves != seen) {
-            moved = 0;
+        if (h->moves != seen) {
             seen = h->moves;
             until = deadline();
         }
