@@ -95,15 +95,20 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
 }
 
 /*
- * (While the ring runs, the kernels' polls send this rank's heartbeats: comm.h.) The ring's
- * result, agreed: every rank returns the first failing rank's status, so that no
- * rank reports success for a call that failed elsewhere (the backward's sums would lack that
- * rank's part). A comm error leaves the plan pinned while the transport may still run over its
- * buffers (DESIGN, failure semantics).
+ * Runs the call's ring (ring: its forward or backward driver) with the kernels' polls sending
+ * this rank's heartbeats (comm.h), then agrees on its result: every rank returns the first
+ * failing rank's status, so that no rank reports success for a call that failed elsewhere
+ * (the backward's sums would lack that rank's part). A comm error leaves the plan pinned while
+ * the transport may still run over its buffers (DESIGN, failure semantics).
  */
-static ringattn_status_t call_end(const char *fn, ringattn_plan_t plan, ringattn_status_t st)
+static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const ra_call *c,
+                                   ringattn_status_t (*ring)(struct ringattn_plan *,
+                                                             const ra_call *))
 {
+    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
+    ringattn_status_t st = ring(plan, c);
     if (plan->comm) {
+        ra__comm_beacon_detach(plan->comm, &plan->stream);
         st = ra__comm_conclude(plan->comm, fn, st);
         if (st == RINGATTN_ERR_COMM && plan->comm->active) plan->pinned = 1;
     }
@@ -117,10 +122,7 @@ ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_
     static const char fn[] = "ringattn_forward";
     ra_call c = {0};
     RA_TRY(call_begin(fn, plan, t, stream, 0, &c));
-    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
-    const ringattn_status_t st = ra__ring_forward(plan, &c);
-    if (plan->comm) ra__comm_beacon_detach(plan->comm, &plan->stream);
-    return call_end(fn, plan, st);
+    return call_ring(fn, plan, &c, ra__ring_forward);
 }
 
 ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors_t *t,
@@ -129,8 +131,5 @@ ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors
     static const char fn[] = "ringattn_backward";
     ra_call c = {0};
     RA_TRY(call_begin(fn, plan, t, stream, 1, &c));
-    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
-    const ringattn_status_t st = ra__ring_backward(plan, &c);
-    if (plan->comm) ra__comm_beacon_detach(plan->comm, &plan->stream);
-    return call_end(fn, plan, st);
+    return call_ring(fn, plan, &c, ra__ring_backward);
 }
