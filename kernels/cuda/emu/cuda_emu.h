@@ -98,6 +98,8 @@ cudaError_t launch_kernel(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                           void (*kernel)(Params...), Args &&...args)
 {
     std::tuple<Params...> params(std::forward<Args>(args)...);
+    if (!smem_allowed(reinterpret_cast<const void *>(kernel), smem))
+        return cudaErrorInvalidValue; // above 48 KiB without cudaFuncSetAttribute
     return enqueue_launch(s, grid, block, smem,
                           [kernel, params] { std::apply(kernel, params); });
 }
@@ -184,6 +186,38 @@ inline int atomicMax(int *a, int v)
     while (old < v && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_SEQ_CST,
                                                     __ATOMIC_SEQ_CST)) {}
     return old;
+}
+inline unsigned atomicMax(unsigned *a, unsigned v)
+{
+    unsigned old = __atomic_load_n(a, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(a, &old, v, false, __ATOMIC_SEQ_CST,
+                                                    __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+inline unsigned __float_as_uint(float f)
+{
+    unsigned u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+inline float __uint_as_float(unsigned u)
+{
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+// __syncthreads_or: a barrier that returns whether any thread's predicate was non-zero.
+inline int __syncthreads_or(int pred, RA_EMU_SITE_PARAMS)
+{
+    static thread_local int any; // shared by the block's fibers, as __shared__ is
+    ra_emu::barrier(RA_EMU_SITE_ARG);
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) any = 0;
+    ra_emu::barrier(RA_EMU_SITE_ARG);
+    if (pred) any = 1;
+    ra_emu::barrier(RA_EMU_SITE_ARG);
+    const int r = any;
+    ra_emu::barrier(RA_EMU_SITE_ARG);
+    return r;
 }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 

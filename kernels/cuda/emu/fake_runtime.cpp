@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,6 +38,8 @@ namespace {
 std::recursive_mutex mu; // the emulated device: one stream operation at a time
 std::vector<ra_emu_stream *> streams; // live streams by id; [0] is the default stream
 std::map<void *, size_t> allocations;
+std::map<const void *, int> smem_optin; // kernel -> its opt-in bytes
+constexpr size_t default_smem = 48 * 1024;
 ra_emu::Drain drain_policy = ra_emu::Drain::in_order;
 uint64_t drain_rng = 0;
 int last_picked = -1;
@@ -116,6 +119,24 @@ void set_drain_policy(Drain d, uint64_t seed)
     drain_rng = seed;
 }
 
+cudaError_t set_smem_optin(const void *kernel, int bytes)
+{
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    if (bytes < 0 || (size_t)bytes > max_dynamic_smem) return note(cudaErrorInvalidValue);
+    smem_optin[kernel] = bytes;
+    return cudaSuccess;
+}
+
+bool smem_allowed(const void *kernel, size_t bytes)
+{
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    if (bytes <= default_smem) return true;
+    const auto it = smem_optin.find(kernel);
+    if (it != smem_optin.end() && bytes <= (size_t)it->second) return true;
+    note(cudaErrorInvalidValue);
+    return false;
+}
+
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                            std::function<void()> body)
 {
@@ -158,10 +179,40 @@ cudaError_t cudaFree(void *p)
     return cudaSuccess;
 }
 
+namespace {
+
+// The allocation holding [p, p + bytes), or allocations.end().
+std::map<void *, size_t>::iterator allocation_of(const void *p, size_t bytes)
+{
+    auto it = allocations.upper_bound(const_cast<void *>(p));
+    if (it == allocations.begin()) return allocations.end();
+    --it;
+    const char *base = static_cast<const char *>(it->first), *q = static_cast<const char *>(p);
+    return q >= base && q + bytes <= base + it->second ? it : allocations.end();
+}
+
+} // namespace
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
+{
+    if (!a) return note(cudaErrorInvalidValue);
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    const bool dev = p && allocation_of(p, 1) != allocations.end();
+    *a = cudaPointerAttributes{dev ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered,
+                               dev ? 0 : -2, dev ? const_cast<void *>(p) : nullptr, nullptr};
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t s)
 {
     std::lock_guard<std::recursive_mutex> lk(mu);
+    if (bytes && allocation_of(src, bytes) == allocations.end()) { // pageable host memory
+        auto staged = std::make_shared<std::vector<unsigned char>>(
+            static_cast<const unsigned char *>(src), static_cast<const unsigned char *>(src) + bytes);
+        stream_of(s)->queue.push_back(Op{[=] { std::memcpy(dst, staged->data(), bytes); }});
+        return cudaSuccess;
+    }
     stream_of(s)->queue.push_back(Op{[=] { std::memmove(dst, src, bytes); }});
     return cudaSuccess;
 }
@@ -295,6 +346,12 @@ const char *cudaGetErrorString(cudaError_t e)
     return "unknown error";
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    return stream_of(s)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaGetDeviceCount(int *n) { return *n = 1, cudaSuccess; }
 cudaError_t cudaGetDevice(int *d) { return *d = 0, cudaSuccess; }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : note(cudaErrorInvalidValue); }
@@ -311,4 +368,18 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32;
     p->maxThreadsPerBlock = 1024, p->regsPerBlock = 65536;
     return cudaSuccess;
+}
+
+// For tests that reach the emulation only through a library built on it (dlsym): the block
+// scheduling policy of this thread's later launches and the streams' drain order, together.
+// 0: round robin, in order; 1: random (seeded) for both; 2: highest thread first, reverse.
+extern "C" __attribute__((visibility("default"))) void ra_emu_set_schedule(int kind,
+                                                                          unsigned long long seed)
+{
+    using namespace ra_emu;
+    const Policy p[] = {Policy::round_robin, Policy::random, Policy::highest_first};
+    const Drain d[] = {Drain::in_order, Drain::random, Drain::reverse};
+    const int k = kind >= 0 && kind < 3 ? kind : 0;
+    set_policy(p[k], seed);
+    set_drain_policy(d[k], seed);
 }

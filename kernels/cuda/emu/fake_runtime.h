@@ -28,6 +28,18 @@ enum cudaMemcpyKind {
     cudaMemcpyDeviceToDevice = 3,
     cudaMemcpyDefault = 4
 };
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3
+};
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+    void *devicePointer, *hostPointer;
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 typedef struct ra_emu_stream *cudaStream_t;
 typedef struct ra_emu_event *cudaEvent_t;
 
@@ -37,9 +49,17 @@ struct cudaDeviceProp {
     int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock, regsPerBlock;
 };
 
+// The runtime API has C linkage, as CUDA's (a test finds cudaMalloc by name).
+extern "C" {
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
+// Device memory here is host memory the fake runtime allocated; any other address is a host
+// pointer (cudaMemoryTypeUnregistered), as plain malloc memory is to CUDA.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p);
+// Host to device from host memory copies the source when it is called (CUDA stages pageable
+// memory before it returns), so the caller may reuse it at once; everything else runs in
+// stream order.
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
@@ -62,6 +82,20 @@ cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+} // extern "C"
+
+namespace ra_emu {
+// A kernel's dynamic shared-memory opt-in: launches above 48 KiB without one fail, as on a GPU.
+cudaError_t set_smem_optin(const void *kernel, int bytes);
+bool smem_allowed(const void *kernel, size_t bytes);
+} // namespace ra_emu
+
+template <class T> cudaError_t cudaFuncSetAttribute(T *kernel, cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+    return ra_emu::set_smem_optin(reinterpret_cast<const void *>(kernel), value);
+}
 
 namespace ra_emu {
 
