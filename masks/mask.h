@@ -99,6 +99,20 @@ RA_HD void ra__key_hull(ra_window w, int64_t delta, const ra_span *q, const ra_s
 }
 
 /*
+ * Is every pair of query span q and key span k allowed (SPEC 3: a FULL block)? Both bounds of
+ * a query's interval grow with its position, so the last query's lower bound and the first
+ * query's upper bound decide. O(1); ra__classify_block's FULL, for the CUDA kernels (RA_HD).
+ */
+RA_HD int ra__spans_full(ra_window w, int64_t delta, const ra_span *q, const ra_span *k)
+{
+    if (q->seq != k->seq || q->count <= 0 || k->count <= 0) return 0;
+    int64_t b0, e0, b1, e1;
+    ra__row_interval(w, delta, q->pos, k, &b0, &e0);
+    ra__row_interval(w, delta, q->pos + (q->count - 1) * q->stride, k, &b1, &e1);
+    return b1 == 0 && e0 == k->count;
+}
+
+/*
  * The index interval [*qbegin, *qend) of a query span q that some key of span k is visible to:
  * the same hull with the roles swapped, since allowed(i, j) under window (l, r) and delta is
  * allowed(j, i) under window (r, l) and -delta.

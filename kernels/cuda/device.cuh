@@ -77,18 +77,31 @@ template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(keep));
 }
 
-// Launches kernel; st = 0 (cudaSuccess) or the launch's error.
-#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)            \
-    do {                                                                 \
-        kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);      \
-        st = (int)cudaGetLastError();                                    \
+// Launches kernel; st = 0 (cudaSuccess) or the launch's error. Above 48 KiB of dynamic shared
+// memory a kernel needs an opt-in first (as FlashAttention's launchers do at each launch).
+#define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                                  \
+    do {                                                                                       \
+        st = (smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                   \
+                                      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                      (int)(smem))                                             \
+                                : 0;                                                           \
+        if (st == 0) {                                                                         \
+            kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);                        \
+            st = (int)cudaGetLastError();                                                      \
+        }                                                                                      \
     } while (0)
+
+// What the runtime can add to a failed call's message (nothing here: cudaGetErrorString says it).
+inline const char *ra_device_error_detail() { return ""; }
 
 #else // the SIMT emulation
 #include "kernels/cuda/emu/cuda_emu.h"
 #include "base/dtype.h"
 
 #define RA_UNROLL
+
+// The emulation's report of a failed launch (the sites of a deadlock or divergence).
+inline const char *ra_device_error_detail() { return ::ra_emu::last_error(); }
 
 inline uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
 {
@@ -134,7 +147,12 @@ template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep)
 // parameters); st = 0 or the configuration's error.
 #define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                                  \
     do {                                                                                       \
-        st = (int)::ra_emu::launch_kernel((stream), (grid), (block), (smem), kernel,           \
-                                          __VA_ARGS__);                                        \
+        st = (smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                   \
+                                      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                      (int)(smem))                                             \
+                                : 0;                                                           \
+        if (st == 0)                                                                           \
+            st = (int)::ra_emu::launch_kernel((stream), (grid), (block), (smem), kernel,       \
+                                              __VA_ARGS__);                                    \
     } while (0)
 #endif

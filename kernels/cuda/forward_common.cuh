@@ -1,7 +1,10 @@
 // What the forward kernels share (forward_tile.cuh: bf16/f16 on tensor cores; forward_f32.cuh:
-// float32 on FFMA): their arguments, the logit of SPEC 2 and 3, and the walk over the query
-// tile and the key tiles of the segment model (masks/shard.h, as the CPU backend sees tokens).
+// float32 on FFMA): their arguments, the logit of SPEC 2, 3 and 6, the SPEC 9 scaling of Q, and
+// the walk over the query tile and the key tiles of the segment model (masks/shard.h, as the
+// CPU backend sees tokens).
 #pragma once
+
+#include <cfloat>
 
 #include "kernels/cuda/device.cuh"
 #include "kernels/softmax_state.h"
@@ -21,40 +24,96 @@ struct ra_fwd_tile_args {
     const int32_t *work, *kseq_first;
     const int64_t *delta;      // [num_seqs] SPEC 2: L_k - L_q
     int tq, heads, kv_heads;   // tq: the local query rows (the state's and LSE's row count)
+    int d, dv;                 // the head dims, at most the kernel's tile dims (zeros beyond)
     ra_window window;          // SPEC 3, causal folded in
     float scale, softcap, inv_softcap; // softcap 0: off
     const float *alibi;        // [H] device memory, or NULL
     // SPEC 6 key bias of the held shard, [bias_heads, bias_ld] (its local key rows), or NULL;
-    // query head h reads bias head h / (H / bias_heads). (Top-k selection: not yet.)
+    // query head h reads bias head h / (H / bias_heads). With thr_b, the top-k thresholds of
+    // the local rows, [bias_heads, tq] (masks/topk.h): keep key j iff b_j > tb, or b_j == tb
+    // and its position <= tp.
     const float *bias;
     int64_t bias_ld;
     int bias_heads;
+    const float *thr_b;
+    const int64_t *thr_p;
+    // SPEC 9: max |Q| and max |K| of the call ([2], device), or NULL (float16: bounded)
+    const float *absmax;
     int first, last, bf16;     // bf16: 16-bit storage is bfloat16, else float16 (tile kernel)
 };
 
 namespace ra_fwd {
 
-// SPEC 2 and 3 for the query at position pi and the key at position pj (local key row kr) of
-// one sequence: the logit of the raw product z, or -inf where the mask forbids the pair (or the
-// row or key is past its tile's end: live = 0). bias: the head's row of the key bias, or NULL;
-// added last and not scaled (SPEC 2), a -inf bias masks the key.
-__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, float z, int live, int64_t pi,
-                                       int64_t pj, int64_t kr, int64_t delta, float slope,
-                                       const float *bias)
+// One query row's part of SPEC 2, 3 and 6.
+struct row_ctx {
+    int64_t pos, delta;   // its position and its sequence's L_k - L_q
+    float slope;          // ALiBi
+    const float *bias;    // its head's key-bias row, or NULL
+    float tb;             // its top-k threshold (with a.thr_b)
+    int64_t tp;
+    int qshift;           // SPEC 9: Q was scaled by 2^-qshift before the product
+    bool live;            // inside its tile
+};
+
+__device__ __forceinline__ row_ctx make_row(const ra_fwd_tile_args &a, int h, int64_t local_row,
+                                            int64_t pos, int64_t delta, bool live, int qshift)
 {
-    if (!live || !ra__allowed(a.window, delta, 0, pi, 0, pj)) return -INFINITY;
-    const int64_t diag = pi + delta;
-    z *= a.scale;
+    row_ctx r{pos, delta, a.alibi ? a.alibi[h] : 0.0f, nullptr, INFINITY, 0, qshift, live};
+    if (a.bias) {
+        const int hb = h / (a.heads / a.bias_heads);
+        r.bias = a.bias + (int64_t)hb * a.bias_ld;
+        if (a.thr_b && live)
+            r.tb = a.thr_b[(int64_t)hb * a.tq + local_row], r.tp = a.thr_p[(int64_t)hb * a.tq + local_row];
+    }
+    return r;
+}
+
+// SPEC 2, 3 and 6: the logit of raw product z for the key at position pj (local key row kr),
+// or -inf where the mask forbids the pair (masked tiles only: a FULL tile allows every pair).
+// Softcap and ALiBi on the scaled product, the bias added last and not scaled; a -inf bias, or
+// a key the row's top-k selection drops, masks the key.
+template <bool Masked>
+__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, const row_ctx &r, float z,
+                                       bool key_in, int64_t pj, int64_t kr)
+{
+    if (Masked && (!r.live || !key_in || !ra__allowed(a.window, r.delta, 0, r.pos, 0, pj)))
+        return -INFINITY;
+    z = r.qshift ? ldexpf(z * a.scale, r.qshift) : z * a.scale;
     if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
-    if (a.alibi) z -= slope * (float)(diag > pj ? diag - pj : pj - diag);
-    if (bias) z += bias[kr];
+    const int64_t diag = r.pos + r.delta;
+    if (a.alibi) z -= r.slope * (float)(diag > pj ? diag - pj : pj - diag);
+    if (r.bias) {
+        const float b = r.bias[kr];
+        if (Masked && a.thr_b && !(b > r.tb || (b == r.tb && pj <= r.tp))) return -INFINITY;
+        z += b;
+    }
     return z;
 }
 
-// The key bias row query head h reads (SPEC 6), or NULL without a bias.
-__device__ __forceinline__ const float *bias_row(const ra_fwd_tile_args &a, int h)
+// SPEC 9: when D max|q| max|k| could overflow float32 in the product, Q is scaled by 2^-qshift
+// first (exact: a power of two) and the logit by 2^qshift after the softmax scale. NaN or
+// infinite inputs are left to propagate, as on the CPU.
+__device__ __forceinline__ int q_shift(const ra_fwd_tile_args &a)
 {
-    return a.bias ? a.bias + (int64_t)(h / (a.heads / a.bias_heads)) * a.bias_ld : nullptr;
+    if (!a.absmax) return 0;
+    const double bound = (double)a.d * a.absmax[0] * a.absmax[1];
+    if (!(bound > FLT_MAX / 2.0) || !(bound < INFINITY)) return 0;
+    return ilogb(bound) - 125; // bound * 2^-qshift < 2^126
+}
+
+// The smallest top-k threshold of the block's rows (each thread passes its rows' minimum;
+// +inf without a selection), for skipping key tiles no row keeps. All threads call it.
+template <int WARPS> __device__ __forceinline__ float block_min(float v)
+{
+    __shared__ float part[WARPS];
+    RA_UNROLL
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = part[0];
+    RA_UNROLL
+    for (int w = 1; w < WARPS; ++w) m = fminf(m, part[w]);
+    return m;
 }
 
 // The query tile of work item `item`: its span (positions within its sequence) and its first
@@ -70,19 +129,42 @@ __device__ __forceinline__ void query_tile(const ra_fwd_tile_args &a, int item, 
     *first_row = seg.row + t0;
 }
 
-// body(kseg, k0) for every key tile [k0, k0 + bk) of every key segment of the query tile's
-// sequence that lies inside the window's hull (masks/mask.h, shared with the CPU): the tiles
-// outside are EMPTY for every row of the tile and skipped exactly (an update by a fully masked
-// tile rescales by exp(0) = 1 and adds 0).
+// One key tile of a key segment: [k0, k0 + bk) of its indices.
+struct key_tile {
+    const ra_segment &seg;
+    int k0, count; // count: keys inside the segment (<= bk)
+    bool full;     // every (row, key) pair of the tile is allowed and no selection applies
+};
+
+// body(tile) for every key tile of every key segment of the query tile's sequence that lies
+// inside the window's hull (masks/mask.h, shared with the CPU): the tiles outside are EMPTY
+// for every row of the tile and skipped exactly (an update by a fully masked tile rescales by
+// exp(0) = 1 and adds 0). With a top-k selection, a tile whose largest bias is below every
+// row's threshold is skipped too (tmin: block_min of the rows'; one thread per key, so the
+// block has at least bk threads).
+// brow: the head's key-bias row (with a selection). Every thread of the block calls it.
 template <class Body>
 __device__ __forceinline__ void for_each_key_tile(const ra_fwd_tile_args &a, const ra_span &qtile,
-                                                  int64_t delta, int bk, Body body)
+                                                  int64_t delta, int bk, const float *brow,
+                                                  float tmin, Body body)
 {
     for (int ks = a.kseq_first[qtile.seq]; ks < a.kseq_first[qtile.seq + 1]; ++ks) {
-        const ra_segment kseg = a.ksegs[ks];
+        const ra_segment &kseg = a.ksegs[ks];
         int64_t lo, hi;
         ra__key_hull(a.window, delta, &qtile, &kseg.span, &lo, &hi);
-        for (int64_t k0 = lo / bk * bk; k0 < hi; k0 += bk) body(kseg, (int)k0);
+        for (int64_t k0 = lo / bk * bk; k0 < hi; k0 += bk) {
+            const int64_t left = kseg.span.count - k0;
+            const int n = left < bk ? (int)left : bk;
+            if (a.thr_b) {
+                const int j = (int)threadIdx.x;
+                const bool keeps = j < n && !(brow[kseg.row + k0 + j] < tmin);
+                if (!__syncthreads_or(keeps)) continue;
+            }
+            const ra_span kt{kseg.span.seq, kseg.span.pos + k0 * kseg.span.stride,
+                             kseg.span.stride, n};
+            const bool full = !a.thr_b && n == bk && ra__spans_full(a.window, delta, &qtile, &kt);
+            body(key_tile{kseg, (int)k0, n, full});
+        }
     }
 }
 

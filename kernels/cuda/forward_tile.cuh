@@ -13,8 +13,9 @@
 // batches take one path. One block per (query tile of a query segment, head): the host lists
 // the tiles (work); for each key segment of the same sequence the block walks only the key
 // tiles inside the window's hull (masks/mask.h, shared with the CPU; EMPTY tiles skipped
-// exactly). SPEC 2's scale, softcap, ALiBi and the SPEC 6 key bias, GQA, D != D_v. Top-k
-// selection and FULL tiles without a per-element mask come next.
+// exactly; FULL tiles take no per-element mask). SPEC 2's scale, softcap, ALiBi, the SPEC 6 key
+// bias and top-k thresholds (tiles no row keeps skipped), GQA, D != D_v, and head dims below
+// the tile's (D, DV) as zero columns, so one instantiation serves e.g. 80 in a 96 tile.
 #pragma once
 
 #include "kernels/cuda/forward_common.cuh"
@@ -25,27 +26,39 @@ namespace ra_fwd {
 // that needs 8 warps or a split over D_v)
 constexpr int BQ = 64, BK = 64, WARPS = 4;
 
-// The swizzled address of 16-bit element (row, col) of a tile of D columns.
+// The swizzled address of 16-bit element (row, col) of a tile of D columns: 16-byte chunks
+// permuted within each group of 8 by chunk ^ (row % 8) (a tail group of 4 or 2 chunks, as at
+// D = 96 or 80, by row % 4 or % 2), so that ldmatrix's 8 rows hit distinct banks.
 template <int D> __device__ __forceinline__ int swz(int row, int col)
 {
-    constexpr int chunks = D / 8, period = chunks < 8 ? chunks : 8;
-    const int chunk = col / 8;
-    return row * D + ((chunk ^ (row % period)) * 8) + col % 8;
+    constexpr int chunks = D / 8;
+    const int chunk = col / 8, group = chunk & ~7;
+    const int period = chunks - group < 8 ? chunks - group : 8;
+    return row * D + ((group + ((chunk - group) ^ (row % period))) * 8) + col % 8;
 }
 
-// Rows [r0, r0 + n) of a sequence (base: its first row of a [T, heads, D] tensor, at the head)
-// into a swizzled tile; zeros at and past `rows`, the sequence's length.
+// Rows [r0, r0 + n) of a sequence (base: its first row of a [T, heads, dim] tensor, at the
+// head) into a swizzled tile of D >= dim columns; zeros at and past `rows`, the sequence's
+// length, and in the columns past dim.
 template <int D>
 __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, int64_t row_stride,
-                                          int r0, int rows, int n)
+                                          int r0, int rows, int n, int dim)
 {
     constexpr int chunks = D / 8;
     for (int c = (int)threadIdx.x; c < n * chunks; c += (int)blockDim.x) {
         const int r = c / chunks, ch = c % chunks, src_row = r0 + r;
-        const bool in = src_row < rows;
-        const uint16_t *src = base + (int64_t)(in ? src_row : 0) * row_stride + ch * 8;
+        const bool in = src_row < rows && ch * 8 < dim;
+        const uint16_t *src = base + (in ? (int64_t)src_row * row_stride + ch * 8 : 0);
         ra_cp_async16(tile + swz<D>(r, ch * 8), src, in);
     }
+}
+
+// SPEC 9: the landed bf16 Q tile times 2^-shift, in place (exact: a power of two).
+__device__ __forceinline__ void shift_tile(uint16_t *tile, int n, int shift)
+{
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x)
+        tile[i] = (uint16_t)(ra_pack_16x2(true, ldexpf(__uint_as_float((uint32_t)tile[i] << 16), -shift),
+                                          0.0f) & 0xffffu);
 }
 
 } // namespace ra_fwd
@@ -66,30 +79,39 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     const uint16_t *gq = static_cast<const uint16_t *>(a.q), *gk = static_cast<const uint16_t *>(a.k),
                    *gv = static_cast<const uint16_t *>(a.v);
     const int64_t delta = a.delta[qtile.seq];
-    const float slope = a.alibi ? a.alibi[h] : 0.0f;
-    const float *brow = bias_row(a, h);
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const bool bf16 = a.bf16 != 0;
+    const int qshift = q_shift(a);
 
-    load_tile<D>(sq, gq + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ);
+    load_tile<D>(sq, gq + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ, a.d);
     ra_cp_async_commit();
+    if (qshift) { // uniform: the whole call's inputs decide it
+        ra_cp_async_wait<0>();
+        __syncthreads();
+        shift_tile(sq, BQ * D, qshift);
+    }
 
-    // this lane's two rows (g, g + 8 of its warp's 16, within the tile), positions, state
+    // this lane's two rows (g, g + 8 of its warp's 16, within the tile) and their state
     const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
-    const int64_t qpos[2] = {qtile.pos + rows[0] * qtile.stride, qtile.pos + rows[1] * qtile.stride};
+    row_ctx rc[2];
     float m[2], l[2], acc[DV / 8][4];
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int64_t at = (int64_t)h * a.tq + qb + rows[r];
-        const bool live = rows[r] < lq && !a.first;
-        m[r] = live ? a.m[at] : -INFINITY;
-        l[r] = live ? a.l[at] : 0.0f;
+        rc[r] = make_row(a, h, qb + rows[r], qtile.pos + rows[r] * qtile.stride, delta,
+                         rows[r] < lq, qshift);
+        const bool carried = rc[r].live && !a.first;
+        m[r] = carried ? a.m[at] : -INFINITY;
+        l[r] = carried ? a.l[at] : 0.0f;
         RA_UNROLL
         for (int n = 0; n < DV / 8; ++n)
             RA_UNROLL
-            for (int c = 0; c < 2; ++c)
-                acc[n][2 * r + c] = live ? a.acc[at * DV + n * 8 + 2 * t + c] : 0.0f;
+            for (int c = 0; c < 2; ++c) {
+                const int col = n * 8 + 2 * t + c;
+                acc[n][2 * r + c] = carried && col < a.dv ? a.acc[at * a.dv + col] : 0.0f;
+            }
     }
+    const float tmin = a.thr_b ? block_min<WARPS>(fminf(rc[0].tb, rc[1].tb)) : INFINITY;
 
     // Q's A fragments: in registers, loaded at the first key tile, while D + D_v <= 128; above,
     // they are read from shared memory at each k-step (Q stays there), so that the larger head
@@ -101,10 +123,11 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     auto q_fragment = [&](int kk, uint32_t f[4]) {
         ra_ldmatrix_x4(false, f, sq + swz<D>(warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
     };
-    for_each_key_tile(a, qtile, delta, BK, [&](const ra_segment &kseg, int k0) {
-        const int lk = (int)kseg.span.count;
-        load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK);
-        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK);
+    for_each_key_tile(a, qtile, delta, BK, rc[0].bias, tmin, [&](const key_tile &kt) {
+        const ra_segment &kseg = kt.seg;
+        const int k0 = kt.k0, lk = (int)kseg.span.count;
+        load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, a.d);
+        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK, a.dv);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
@@ -143,9 +166,9 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 for (int c = 0; c < 2; ++c) {
                     float &x = s[n][2 * r + c];
                     const int kj = k0 + n * 8 + 2 * t + c;
-                    x = logit(a, x, rows[r] < lq && kj < lk, qpos[r],
-                              kseg.span.pos + (int64_t)kj * kseg.span.stride, kseg.row + kj, delta,
-                              slope, brow);
+                    const int64_t pj = kseg.span.pos + (int64_t)kj * kseg.span.stride;
+                    x = kt.full ? logit<false>(a, rc[r], x, true, pj, kseg.row + kj)
+                                : logit<true>(a, rc[r], x, kj < lk, pj, kseg.row + kj);
                     mb = x > mb ? x : mb;
                 }
             mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
@@ -198,7 +221,10 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL
-                for (int c = 0; c < 2; ++c) a.acc[at * DV + n * 8 + 2 * t + c] = acc[n][2 * r + c];
+                for (int c = 0; c < 2; ++c) {
+                    const int col = n * 8 + 2 * t + c;
+                    if (col < a.dv) a.acc[at * a.dv + col] = acc[n][2 * r + c];
+                }
             continue;
         }
         // SPEC 4 finalise: an empty row gives O = 0 and LSE = -inf
@@ -207,6 +233,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                       (int64_t)h * a.o_head;
         RA_UNROLL
         for (int n = 0; n < DV / 8; ++n) {
+            if (n * 8 >= a.dv) break; // dv is a multiple of 8
             const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
             o[n * 8 + 2 * t] = (uint16_t)(pair & 0xffff);
             o[n * 8 + 2 * t + 1] = (uint16_t)(pair >> 16);

@@ -120,7 +120,7 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             a.m = m.data(), a.l = l.data(), a.acc = acc.data();
             a.qsegs = qs.segs.data(), a.ksegs = ks.segs.data(), a.work = work.data();
             a.kseq_first = ks.seq_first.data(), a.delta = delta.data();
-            a.tq = (int)rows, a.heads = H, a.kv_heads = c.hkv();
+            a.tq = (int)rows, a.heads = H, a.kv_heads = c.hkv(), a.d = D, a.dv = DV;
             a.window = ra_window{c.wl, c.eff_wr()};
             a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
             a.inv_softcap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
