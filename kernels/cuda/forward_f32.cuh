@@ -1,26 +1,31 @@
 // The forward kernel for float32 storage (CUDA.md section 1): SIMT FFMA, since tensor cores in
 // bf16 or tf32 cannot meet SPEC 9's float32 limit. One block per (query tile of 64 of a query
-// segment, head), 64 threads: each owns one query row, computes its logits against a key tile
-// of 32 in shared memory in a fixed order (bitwise repeatable), and runs SPEC 4's scalar update
-// of kernels/softmax_state.h (ra__state_update) unchanged. The segment walk, the logit and the
-// running state across ring steps are those of the tile kernel (forward_common.cuh), FULL tiles
-// and top-k thresholds included; head dims below the tile's as zero columns.
+// segment, head), 128 threads: two per query row. The pair splits the row's products with a
+// key tile of 16 in shared memory by column parity (each a chain of fmaf in column order, the
+// two halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
+// scalar update of kernels/softmax_state.h (ra__state_update) unchanged on their half of the
+// D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80 too. The segment
+// walk, the logit and the running state across ring steps are those of the tile kernel
+// (forward_common.cuh), FULL tiles and top-k thresholds included; head dims below the tile's as
+// zero columns.
 #pragma once
 
 #include "kernels/cuda/forward_common.cuh"
 
 namespace ra_fwd32 {
-constexpr int BQ = 64, BK = 32;
+constexpr int BQ = 64, BK = 16, THREADS = 2 * BQ;
 }
 
 template <int D, int DV>
-__global__ void __launch_bounds__(64) ra_fwd_f32_kernel(ra_fwd_tile_args a)
+__global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     constexpr int BQ = ra_fwd32::BQ, BK = ra_fwd32::BK, QS = D + 4; // Q rows padded: fewer conflicts
+    constexpr int HALF = DV / 2; // the columns of acc this thread owns
     RA_DYNAMIC_SMEM(float, sm);
     float *sq = sm, *sk = sq + BQ * QS, *sv = sk + BK * D;
-    const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads), row = (int)threadIdx.x;
+    const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
+    const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1, c0 = half * HALF;
     ra_span qtile;
     int64_t qb;
     query_tile(a, (int)blockIdx.x, BQ, &qtile, &qb);
@@ -49,13 +54,15 @@ __global__ void __launch_bounds__(64) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     const int64_t at = (int64_t)h * a.tq + qb + row;
     const row_ctx rc = make_row(a, h, qb + row, qtile.pos + row * qtile.stride,
                                 a.delta[qtile.seq], row < lq, qshift);
-    float m, l, acc[DV];
-    ra__state_init(&m, &l, acc, DV);
-    if (rc.live && !a.first) {
+    float m, l, acc[HALF];
+    ra__state_init(&m, &l, acc, HALF);
+    if (rc.live && !a.first) { // constant indices: acc stays in registers
         m = a.m[at], l = a.l[at];
-        for (int c = 0; c < a.dv; ++c) acc[c] = a.acc[at * a.dv + c];
+        RA_UNROLL
+        for (int c = 0; c < HALF; ++c)
+            if (c0 + c < a.dv) acc[c] = a.acc[at * a.dv + c0 + c];
     }
-    const float tmin = a.thr_b ? block_min<BQ / 32>(rc.tb) : INFINITY;
+    const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
     for_each_key_tile(a, qtile, rc.delta, BK, rc.bias, tmin, [&](const key_tile &kt) {
         const ra_segment &kseg = kt.seg;
         const int k0 = kt.k0, lk = (int)kseg.span.count;
@@ -65,24 +72,39 @@ __global__ void __launch_bounds__(64) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         ra_cp_async_wait<0>();
         __syncthreads();
         float s[BK];
+        RA_UNROLL
+        for (int j = 0; j < BK; ++j) s[j] = 0.0f;
+        for (int c = half; c < D; c += 2) { // this thread's columns, in order
+            const float qc = sq[row * QS + c];
+            RA_UNROLL
+            for (int j = 0; j < BK; ++j) s[j] = fmaf(qc, sk[j * D + c], s[j]);
+        }
+        RA_UNROLL
         for (int j = 0; j < BK; ++j) {
-            float z = 0.0f;
-            for (int c = 0; c < D; ++c) z = fmaf(sq[row * QS + c], sk[j * D + c], z);
+            const float z = s[j] + __shfl_xor_sync(0xffffffffu, s[j], 1); // even + odd columns
             const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
             s[j] = kt.full ? logit<false>(a, rc, z, true, pj, kseg.row + k0 + j)
                            : logit<true>(a, rc, z, k0 + j < lk, pj, kseg.row + k0 + j);
         }
-        ra__state_update(&m, &l, acc, DV, s, BK, sv, DV); // SPEC 4, the scalar reference
+        ra__state_update(&m, &l, acc, HALF, s, BK, sv + c0, DV); // SPEC 4, the scalar reference
         __syncthreads(); // the next tiles overwrite sk and sv
     });
     if (!rc.live) return;
     if (!a.last) {
-        a.m[at] = m, a.l[at] = l;
-        for (int c = 0; c < a.dv; ++c) a.acc[at * a.dv + c] = acc[c];
+        if (half == 0) a.m[at] = m, a.l[at] = l;
+        RA_UNROLL
+        for (int c = 0; c < HALF; ++c)
+            if (c0 + c < a.dv) a.acc[at * a.dv + c0 + c] = acc[c];
         return;
     }
+    // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
+    // acc = 0, so O = 0 exactly, and LSE = -inf
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
-    ra__state_finalize(m, l, acc, a.dv, o, &a.lse[at]); // the columns past dv are zeros
+    RA_UNROLL
+    for (int c = 0; c < HALF; ++c)
+        if (c0 + c < a.dv) o[c0 + c] = acc[c] * inv;
+    if (half == 0) a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
 }
 
 // Shared memory of ra_fwd_f32_kernel<D, DV>.

@@ -132,7 +132,7 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             int st = 0;
             const dim3 grid((unsigned)work.size() / 2, (unsigned)H);
             if (c.dtype == RINGATTN_FLOAT32)
-                RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(64), ra_fwd_f32_smem(D, DV),
+                RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(ra_fwd32::THREADS), ra_fwd_f32_smem(D, DV),
                           nullptr, a);
             else
                 RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), grid, dim3(128), ra_fwd_tile_smem(D, DV),
