@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/emu/cuda_emu.h"
+#include "kernels/cuda/emu/emu_internal.h"
 
 struct ra_emu_event {
     unsigned long recorded = 0;  // records enqueued so far
@@ -44,6 +45,7 @@ ra_emu::Drain drain_policy = ra_emu::Drain::in_order;
 uint64_t drain_rng = 0;
 int last_picked = -1;
 cudaError_t sticky = cudaSuccess, last = cudaSuccess;
+bool fail_next_launch = false;
 
 ra_emu_stream default_stream{0, {}};
 
@@ -141,11 +143,17 @@ cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                            std::function<void()> body)
 {
     std::lock_guard<std::recursive_mutex> lk(mu);
+    if (sticky != cudaSuccess) return note(sticky); // a failed context takes no more work
+    if (fail_next_launch) { // injected by a test: the launch faults when it runs
+        fail_next_launch = false;
+        body = [] { ra_emu::fail_block("ra_emu: injected device fault"); };
+    }
     const long n = (long)block.x * block.y * block.z;
     if (n < 1 || n > 1024 || !grid.x || !grid.y || !grid.z || smem > max_dynamic_smem)
         return note(cudaErrorInvalidConfiguration);
     const Policy p = policy(); // the launching thread's scheduling policy, at launch time
     stream_of(s)->queue.push_back(Op{[=] {
+        if (sticky != cudaSuccess) return; // queued behind a fault: never runs, as on a GPU
         const Policy outer = policy();
         set_policy(p);
         if (launch(grid, block, smem, body) != 0 && sticky == cudaSuccess)
@@ -382,4 +390,12 @@ extern "C" __attribute__((visibility("default"))) void ra_emu_set_schedule(int k
     const int k = kind >= 0 && kind < 3 ? kind : 0;
     set_policy(p[k], seed);
     set_drain_policy(d[k], seed);
+}
+
+// For tests of a library built on the emulation: the next kernel launch faults when it runs (a
+// sticky error, as an illegal address on a GPU: every later call fails until cudaDeviceReset).
+extern "C" __attribute__((visibility("default"))) void ra_emu_inject_fault()
+{
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    fail_next_launch = true;
 }
