@@ -68,8 +68,9 @@ typedef enum ringattn_layout {
     RINGATTN_LAYOUT_STRIPED = 2
 } ringattn_layout_t;
 
-/* Which kernels a plan runs on. AUTO: the CPU (the CUDA backend, once built, when a device is
-   there). A backend this build lacks is RINGATTN_ERR_UNSUPPORTED at plan creation. */
+/* Which kernels a plan runs on. AUTO: the CPU (a plan is made before any tensor is seen, so
+   it cannot follow where the tensors live); CUDA must be asked for. A backend this build lacks
+   is RINGATTN_ERR_UNSUPPORTED at plan creation. */
 typedef enum ringattn_backend {
     RINGATTN_BACKEND_AUTO = 0,
     RINGATTN_BACKEND_CPU = 1,

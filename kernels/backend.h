@@ -28,11 +28,14 @@ typedef struct ra_scan_io {
     const ra_view *q, *k; /* the local queries' Q and the local keys' K */
     int64_t q_rows, k_rows;
     const float *lse;     /* backward: [H, q_rows] from the forward; NULL in the forward */
+    void *stream;
 } ra_scan_io;
 
 typedef struct ra_scan {
     float q_absmax, k_absmax; /* max |element| (NaN when an element is NaN) */
     int64_t lossy_rows;       /* (head, row) pairs with ra__lse_lossy(LSE) */
+    int on_device;            /* the maxima stay on the device, where the kernels decide SPEC 9's
+                                 scaling (no host wait); the values above are then unset */
 } ra_scan;
 
 /* SPEC 5 merge of n normalised partials (views of [rows, heads, dim]) into out / out_lse. */
@@ -57,6 +60,11 @@ struct ra_backend {
                                           size_t *bytes);
     void (*workspace_destroy)(struct ra_workspace *ws);
 
+    /* A call's tensor argument the kernels cannot take, refused before anything runs: memory
+       of another kind or device, or (v non-NULL: Q, K, V) a base or stride the kernels cannot
+       load. NULL where any host memory is fine (CPU). */
+    ringattn_status_t (*check_tensor)(const struct ra_workspace *ws, const char *fn,
+                                      const char *name, const void *data, const ra_view *v);
     /* The backend's memory (device memory on a GPU), and element work on it, in stream order. */
     ringattn_status_t (*alloc)(size_t bytes, void **ptr);
     void (*free)(void *ptr);
@@ -83,5 +91,6 @@ struct ra_backend {
 };
 
 extern const struct ra_backend ra__cpu_backend;
+extern const struct ra_backend ra__cuda_backend; /* in builds with RINGATTN_HAVE_CUDA */
 
 #endif

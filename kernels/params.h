@@ -35,6 +35,8 @@ typedef struct ra_kernel_params {
     int keys_block;       /* rows of a backward keys-pass tile */
     int num_threads;      /* CPU threads of a call, 0 = OpenMP's default then (at most as many
                              as when the plan was made: the workspace is sized for those) */
+    int device;           /* a device backend's ordinal: the descriptor's, -1 (the current one)
+                             resolved by prepare */
     /* tokens: the local queries, and every key shard a step may hold */
     const ra_shard *queries;
     int num_key_shards;   /* ring: one per rank; one rank: 1 (the keys of cu_seqlens_k) */

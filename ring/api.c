@@ -20,9 +20,18 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
     RA_TRY(ra__tensors_in(fn, caller, t));
     RA_CHECK(t->lse != NULL || plan->kp.queries->rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
-    RA_CHECK(stream == NULL, RINGATTN_ERR_UNSUPPORTED,
+    RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
     return RINGATTN_SUCCESS;
+}
+
+/* The backend's own limits on a tensor argument (kernels/backend.h), when it has some. */
+static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan *p,
+                                      const char *name, const void *data, const ra_view *v)
+{
+    if (!p->be->check_tensor || data == NULL) return RINGATTN_SUCCESS;
+    return p->be->check_tensor(p->ws, fn, name, data, v);
 }
 
 /*
@@ -54,12 +63,18 @@ static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
     RA_TRY(ra__view_make(fn, "k", t->k, k->dtype, tk, Hk, D, 0, &a->k));
     RA_TRY(ra__view_make(fn, "v", t->v, k->dtype, tk, Hk, Dv, 0, &a->v));
     RA_TRY(ra__view_make(fn, "o", t->o, k->dtype, tq, H, Dv, o_is_output, &a->o));
+    if (tq) RA_TRY(check_memory(fn, p, "q", a->q.data, &a->q));
+    if (tk) RA_TRY(check_memory(fn, p, "k", a->k.data, &a->k));
+    if (tk) RA_TRY(check_memory(fn, p, "v", a->v.data, &a->v));
+    if (tq) RA_TRY(check_memory(fn, p, "o", a->o.data, NULL));
+    if (tq) RA_TRY(check_memory(fn, p, "lse", t->lse, NULL));
     a->lse = t->lse;
     RA_CHECK(k->bias_heads == 0 || t->key_bias != NULL || tk == 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn,
              k->bias_heads);
     a->key_bias = k->bias_heads ? t->key_bias : NULL;
     a->dbias = k->bias_heads ? t->dbias : NULL;
+    if (tk) RA_TRY(check_memory(fn, p, "key_bias", a->key_bias, NULL));
     return a->key_bias ? check_bias(fn, p, a->key_bias) : RINGATTN_SUCCESS;
 }
 
@@ -74,6 +89,7 @@ static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *
     RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
     RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
     RA_TRY(ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv));
+    if (tk) RA_TRY(check_memory(fn, p, "dbias", a->dbias, NULL));
     return RINGATTN_SUCCESS;
 }
 
@@ -89,6 +105,10 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
     }
     ringattn_tensors_t t;
     ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
+    if (st == RINGATTN_SUCCESS && backward && plan->be->attend_backward == NULL)
+        st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                      "%s: the %s backend has no backward kernels yet (forward only)", fn,
+                      plan->be->name);
     if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
     if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, &c->a);
     return ra__call_agree(plan, fn, st, backward, c);

@@ -27,11 +27,17 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
                                  int backward, ra_call *c)
 {
     const int lse_in = backward;
-    ra_scan scan = {0.0f, 0.0f, 0};
+    ra_scan scan = {0.0f, 0.0f, 0, 0};
     if (local == RINGATTN_SUCCESS) {
         const ra_scan_io io = {&c->a.q, &c->a.k, p->kp.queries->rows, ra__local_keys(p)->rows,
-                               lse_in ? c->a.lse : NULL};
+                               lse_in ? c->a.lse : NULL, &p->stream};
         local = p->be->scan(p->ws, &p->kp, &io, &scan);
+    }
+    if (local == RINGATTN_SUCCESS && scan.on_device) { /* the kernels decide (one rank only) */
+        RA_CHECK(p->comm == NULL, RINGATTN_ERR_INTERNAL, "%s: a device scan in a ring", fn);
+        c->scale_q_first = 0;
+        c->recompute = 0;
+        return RINGATTN_SUCCESS;
     }
     if (p->comm) { /* MIN of {-max |K|, -lossy}: the ring's max, any lossy */
         int64_t v[2] = {-float_order(scan.k_absmax), -(int64_t)(scan.lossy_rows > 0)};

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configure, build and test ringattn from a fresh checkout; works from any directory.
-#   bash tests/run_tests.sh              Release build in build/, then ctest
+#   bash tests/run_tests.sh              Release build in build/, then ctest; with nvcc, also the
+#                                        CUDA build in build-cuda/ and its GPU tests
 #   bash tests/run_tests.sh --sanitize   ASan+UBSan RelWithDebInfo build in build-asan/, then ctest
 # Installs missing apt packages first (cmake/install-deps.sh). Exits with ctest's status.
 set -euo pipefail
@@ -12,7 +13,7 @@ sanitize=0
 for arg in "$@"; do
     case "$arg" in
         --sanitize) sanitize=1 ;;
-        -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
         *) echo "run_tests.sh: unknown argument: $arg (expected --sanitize)" >&2; exit 2 ;;
     esac
 done
@@ -34,7 +35,22 @@ else
 fi
 cmake --build "$build" -j "$jobs"
 
-cd "$build"
 status=0
-ctest --output-on-failure --no-tests=error || status=$?
+(cd "$build" && ctest --output-on-failure --no-tests=error) || status=$?
+
+# The CUDA build, wherever nvcc is: the same library with the kernels compiled by nvcc for sm_80
+# and sm_90 (a register spill is a build error), linked, and its GPU tests, which skip with the
+# reason printed when no GPU is visible. The emulated CUDA backend ran above in every build.
+nvcc_bin="$(command -v nvcc || true)"
+[[ -z "$nvcc_bin" && -x /usr/local/cuda/bin/nvcc ]] && nvcc_bin=/usr/local/cuda/bin/nvcc
+if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
+    cuda_build=build-cuda
+    cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
+        -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_EMU=OFF \
+        -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=OFF -DRINGATTN_ENABLE_MPI=OFF
+    cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_forward test_cuda_errors
+    (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
+elif [[ $sanitize -eq 0 ]]; then
+    echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend ran above)"
+fi
 exit "$status"

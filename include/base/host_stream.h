@@ -11,6 +11,7 @@
 #define RA_HOST_STREAM_MAX 4 /* exchanges in flight at once (the backward has two) */
 
 typedef struct ra_host_stream {
+    void *device; /* a device backend's stream of the call (a cudaStream_t; NULL: the default) */
     int n;
     struct {
         void (*poll)(void *ctx);

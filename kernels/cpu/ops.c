@@ -29,6 +29,7 @@ const struct ra_backend ra__cpu_backend = {
     .name = "cpu",
     .kind = RINGATTN_BACKEND_CPU,
     .prepare = cpu_prepare,
+    .check_tensor = NULL, /* host memory of any alignment */
     .workspace_create = cpu_workspace_create,
     .workspace_destroy = ra__cpu_workspace_destroy,
     .alloc = ra__cpu_alloc,

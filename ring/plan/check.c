@@ -151,12 +151,21 @@ static ringattn_status_t check_backend(const ringattn_plan_desc_t *d,
              RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": backend: got %d, expected RINGATTN_BACKEND_AUTO, _CPU or _CUDA",
              (int)d->backend);
-    RA_CHECK(d->backend != RINGATTN_BACKEND_CUDA, RINGATTN_ERR_UNSUPPORTED,
-             FN ": backend: got RINGATTN_BACKEND_CUDA, but this build has no CUDA backend "
-                "(configure with -DRINGATTN_ENABLE_CUDA=ON)");
     RA_CHECK(d->device >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": device: got %d, expected -1 (the current device) or a device ordinal",
              d->device);
+    if (d->backend == RINGATTN_BACKEND_CUDA) {
+#ifdef RINGATTN_HAVE_CUDA
+        *backend = &ra__cuda_backend; /* its prepare checks the device ordinal */
+        return RINGATTN_SUCCESS;
+#else
+        return ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                        FN ": backend: got RINGATTN_BACKEND_CUDA, but this build has no CUDA "
+                           "backend (configure with -DRINGATTN_ENABLE_CUDA=ON)");
+#endif
+    }
+    /* AUTO is the CPU: a plan is made before any tensor is seen, and nothing tells a device
+       pointer from a host one reliably in every program (DESIGN: backends) */
     RA_CHECK(d->device <= 0, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": device: got %d, expected -1 or 0 for the CPU backend", d->device);
     *backend = &ra__cpu_backend;

@@ -116,6 +116,7 @@ static void params_fill(ra_kernel_params *k, const ringattn_plan_desc_t *d)
     k->block_q = d->block_q;
     k->block_k = d->block_k;
     k->num_threads = d->num_threads;
+    k->device = d->device;
 }
 
 /* The descriptor's arrays, owned: cu_seqlens (and _k), delta of SPEC 2, ALiBi slopes. */
@@ -160,6 +161,7 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     p->kp.selects = p->keep_k > 0 && p->keep_k < p->longest_k;
     RA_TRY(plan_shards(p));
     RA_TRY(be->prepare(&p->kp));
+    p->device = p->kp.device; /* resolved: -1 became the current device */
     RA_TRY(ra__schedule_make(p));
     RA_TRY(ra__select_make(p));
     RA_TRY(ra__buffers_make(p));

@@ -1,5 +1,7 @@
 #include "support/device.hpp"
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -37,14 +39,65 @@ class HostMemory final : public DeviceMemory {
     void download(void *, const void *, size_t) override {}
 };
 
+// The CUDA runtime the library under test brings (the emulated build exports its fake one) or
+// the tests link (the nvcc build): found by name, so one test executable serves every build.
+class CudaMemory final : public DeviceMemory {
+  public:
+    CudaMemory()
+    {
+        malloc_ = reinterpret_cast<int (*)(void **, size_t)>(dlsym(RTLD_DEFAULT, "cudaMalloc"));
+        free_ = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "cudaFree"));
+        copy_ = reinterpret_cast<int (*)(void *, const void *, size_t, int)>(
+            dlsym(RTLD_DEFAULT, "cudaMemcpy"));
+        sync_ = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "cudaDeviceSynchronize"));
+        if (!malloc_ || !free_ || !copy_ || !sync_)
+            throw std::runtime_error("ratest: RATEST_BACKEND=cuda, but no CUDA runtime is loaded "
+                                     "(run against the emulated or the nvcc-built library)");
+    }
+    bool is_host() const override { return false; }
+    void *alloc(size_t bytes) override
+    {
+        void *p = nullptr;
+        if (malloc_(&p, bytes ? bytes : 1) != 0) throw std::runtime_error("ratest: cudaMalloc failed");
+        return p;
+    }
+    void release(void *p) override { free_(p); }
+    void upload(void *dev, const void *host, size_t bytes) override { check(copy_(dev, host, bytes, 4)); }
+    void download(void *host, const void *dev, size_t bytes) override
+    {
+        check(sync_()); // the library's calls are stream-ordered: wait for them
+        check(copy_(host, dev, bytes, 4));
+    }
+
+  private:
+    static void check(int e)
+    {
+        if (e != 0) throw std::runtime_error("ratest: CUDA error " + std::to_string(e));
+    }
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*copy_)(void *, const void *, size_t, int); // kind 4: cudaMemcpyDefault
+    int (*sync_)();
+};
+
 } // namespace
 
 DeviceMemory &device_memory()
 {
     static HostMemory host;
-    if (test_backend() == RINGATTN_BACKEND_CUDA)
-        throw std::runtime_error("ratest: the CUDA backend's test memory is not built here");
+    if (test_backend() == RINGATTN_BACKEND_CUDA) {
+        static CudaMemory cuda;
+        return cuda;
+    }
     return host;
+}
+
+bool set_schedule(int kind, unsigned long long seed)
+{
+    using hook = void (*)(int, unsigned long long);
+    static const hook set = reinterpret_cast<hook>(dlsym(RTLD_DEFAULT, "ra_emu_set_schedule"));
+    if (set) set(kind, seed);
+    return set != nullptr;
 }
 
 Mirror::~Mirror()

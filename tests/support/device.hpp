@@ -28,6 +28,11 @@ class DeviceMemory {
 
 DeviceMemory &device_memory(); // of test_backend()
 
+// Under the emulated CUDA backend: how later launches schedule threads and drain streams
+// (0 round robin / in order, 1 random with the seed, 2 highest first / reverse), so that a case
+// run under two schedules must give the same bits. False (nothing changed) elsewhere.
+bool set_schedule(int kind, unsigned long long seed = 0);
+
 // The backend's copy of a host range: the host range itself on a host backend.
 class Mirror {
   public:

@@ -86,9 +86,23 @@ Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double s
         dk = make_padded(dt, Tk, Hkv, D, 4, 1);
         dv = make_padded(dt, Tk, Hkv, Dv, 0, 6);
         break;
+    case Storage::PaddedAligned: {
+        const int u = (int)(16 / dtype_size(dt)); // elements per 16-byte chunk
+        q = make_padded(dt, Tq, H, D, u, 2 * u);
+        k = make_padded(dt, Tk, Hkv, D, 2 * u, u);
+        v = make_padded(dt, Tk, Hkv, Dv, u, 0);
+        o = make_padded(dt, Tq, H, Dv, 5, 3);
+        dout = make_padded(dt, Tq, H, Dv, 1, 1);
+        dq = make_padded(dt, Tq, H, D, 2, 9);
+        dk = make_padded(dt, Tk, Hkv, D, 4, 1);
+        dv = make_padded(dt, Tk, Hkv, Dv, 0, 6);
+        break;
+    }
     case Storage::Interleaved:
+    case Storage::InterleavedAligned:
         REQUIRE(Tq == Tk);
-        make_interleaved(dt, Tq, H, D, Hkv, D, Hkv, Dv, 3, q, k, v);
+        make_interleaved(dt, Tq, H, D, Hkv, D, Hkv, Dv,
+                         st == Storage::Interleaved ? 3 : (int)(16 / dtype_size(dt)), q, k, v);
         make_interleaved(dt, Tq, H, D, Hkv, D, Hkv, Dv, 1, dq, dk, dv);
         o = make_padded(dt, Tq, H, Dv, 0, 4);
         dout = make_padded(dt, Tq, H, Dv, 2, 0);

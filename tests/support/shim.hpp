@@ -40,6 +40,10 @@ enum class Storage {
     PackedZero,  // strides passed as 0 (the library's "packed")
     Padded,      // head and row padding (NaN-filled, must never be read or written)
     Interleaved, // Q|K|V in one buffer per token and dQ|dK|dV in another (needs Tq == Tk)
+    // Padded with Q, K, V padding of whole 16-byte chunks (the CUDA kernels load those; O, dO
+    // and the gradients keep odd padding)
+    PaddedAligned,
+    InterleavedAligned, // Interleaved with a row padding of one 16-byte chunk
 };
 
 struct Problem {

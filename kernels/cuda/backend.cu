@@ -1,0 +1,239 @@
+// The CUDA backend's entry in the backend table (kernels/backend.h): what it refuses at plan
+// creation, its workspace (the plan's kernel params mirrored to the device once, so that a
+// call copies nothing but its SPEC 6 thresholds), its checks of a call's tensors, and one
+// forward ring step per call (forward_tile.cu and forward_f32.cu launch the kernels).
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define FN "ringattn_plan_create"
+
+namespace {
+
+constexpr int QUERY_TILE = 64; // rows of the forward kernels' query tile (both kernels)
+
+// What the kernels cannot do (SPEC 1 shapes they have no instantiation for, a ring) is refused
+// with a message: nothing falls back to the CPU.
+ringattn_status_t cuda_prepare(ra_kernel_params *p)
+{
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    RA_CHECK(e == cudaSuccess && count > 0, RINGATTN_ERR_CUDA,
+             FN ": backend CUDA: no CUDA device is visible (%s)", cudaGetErrorString(e));
+    if (p->device < 0) RA_CUDA_TRY(cudaGetDevice(&p->device), "cudaGetDevice");
+    RA_CHECK(p->device < count, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": device: got %d, expected -1 or a device ordinal below %d", p->device, count);
+    RA_CHECK(p->num_key_shards == 1, RINGATTN_ERR_UNSUPPORTED,
+             FN ": backend CUDA: a ring of %d ranks; this release runs CUDA plans on one rank "
+                "(comm NULL) only",
+             p->num_key_shards);
+    const int f32 = p->dtype == RINGATTN_FLOAT32, unit = f32 ? 4 : 8; // 16-byte chunks
+    RA_CHECK(ra__cuda_dim_tile(p->head_dim) && p->head_dim % unit == 0, RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim: got %d, expected a multiple of %d up to 256 on the CUDA backend",
+             p->head_dim, unit);
+    RA_CHECK(ra__cuda_dim_v_tile(p->head_dim_v) && p->head_dim_v % unit == 0,
+             RINGATTN_ERR_UNSUPPORTED,
+             FN ": head_dim_v: got %d, expected a multiple of %d up to 128 on the CUDA backend",
+             p->head_dim_v, unit);
+    RA_CHECK((p->block_q == 0 || p->block_q == QUERY_TILE) && p->block_k == 0,
+             RINGATTN_ERR_UNSUPPORTED,
+             FN ": block_q/block_k: got %d/%d, expected 0/0 (or %d/0) on the CUDA backend, "
+                "whose tiles are fixed by its kernels",
+             p->block_q, p->block_k, QUERY_TILE);
+    p->block_q = QUERY_TILE;
+    p->block_k = f32 ? 16 : 64;
+    p->keys_block = p->block_k;
+    return RINGATTN_SUCCESS;
+}
+
+// Bytes of n elements of T at 256-byte alignment, appended to an arena layout.
+template <class T> size_t place(size_t *at, size_t n)
+{
+    const size_t here = (*at + 255) & ~(size_t)255;
+    *at = here + n * sizeof(T);
+    return here;
+}
+
+void cuda_workspace_destroy(struct ra_workspace *wsp)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    if (!ws) return;
+    if (ws->arena) {
+        ra_cuda_device_scope dev(ws->device);
+        cudaFree(ws->arena);
+    }
+    std::free(ws->keys);
+    std::free(ws);
+}
+
+// The query tiles of the local queries: (segment, first index) pairs, 64 rows each.
+std::vector<int32_t> query_tiles(const ra_shard *q)
+{
+    std::vector<int32_t> work;
+    for (int i = 0; i < q->num_segs; ++i)
+        for (int64_t t0 = 0; t0 < q->segs[i].span.count; t0 += QUERY_TILE)
+            work.push_back(i), work.push_back((int32_t)t0);
+    return work;
+}
+
+ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
+                                        size_t *bytes)
+{
+    *out = nullptr;
+    ra_cuda_ws *ws = static_cast<ra_cuda_ws *>(std::calloc(1, sizeof *ws));
+    RA_CHECK(ws, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    ws->device = p->device;
+    ws->keys = static_cast<ra_cuda_keys *>(std::calloc((size_t)p->num_key_shards, sizeof *ws->keys));
+    if (!ws->keys) {
+        std::free(ws);
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
+    std::vector<int32_t> work;
+    try {
+        work = query_tiles(p->queries);
+    } catch (...) {
+        cuda_workspace_destroy((struct ra_workspace *)ws);
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
+    ws->tiles = (int)(work.size() / 2);
+    // one arena: delta, alibi, absmax, query segments, work, then each key shard's arrays
+    const int n = p->num_seqs;
+    size_t at = 0;
+    const size_t o_delta = place<int64_t>(&at, (size_t)n), o_alibi = place<float>(&at, p->alibi ? p->num_heads : 0),
+                 o_abs = place<float>(&at, 2), o_q = place<ra_segment>(&at, (size_t)p->queries->num_segs),
+                 o_work = place<int32_t>(&at, work.size());
+    std::vector<size_t> o_segs((size_t)p->num_key_shards), o_first((size_t)p->num_key_shards);
+    for (int s = 0; s < p->num_key_shards; ++s) {
+        o_segs[(size_t)s] = place<ra_segment>(&at, (size_t)p->key_shards[s].num_segs);
+        o_first[(size_t)s] = place<int32_t>(&at, (size_t)n + 1);
+    }
+    ra_cuda_device_scope dev(ws->device);
+    ringattn_status_t st = dev.ok() ? ra__cuda_alloc(at, &ws->arena)
+                                    : ra__cuda_fail(cudaGetLastError(), "cudaSetDevice");
+    if (st != RINGATTN_SUCCESS) {
+        cuda_workspace_destroy((struct ra_workspace *)ws);
+        return st;
+    }
+    char *base = static_cast<char *>(ws->arena);
+    ws->bytes = at;
+    ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
+    ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
+    ws->absmax = reinterpret_cast<float *>(base + o_abs);
+    ws->qsegs = reinterpret_cast<const ra_segment *>(base + o_q);
+    ws->work = reinterpret_cast<const int32_t *>(base + o_work);
+    struct Copy {
+        size_t to;
+        const void *from;
+        size_t bytes;
+    };
+    std::vector<Copy> copies = {{o_delta, p->delta, (size_t)n * sizeof(int64_t)},
+                                {o_alibi, p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0},
+                                {o_q, p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment)},
+                                {o_work, work.data(), work.size() * sizeof(int32_t)}};
+    for (int s = 0; s < p->num_key_shards; ++s) {
+        const ra_shard *k = &p->key_shards[s];
+        ws->keys[s] = ra_cuda_keys{reinterpret_cast<const ra_segment *>(base + o_segs[(size_t)s]),
+                                   reinterpret_cast<const int32_t *>(base + o_first[(size_t)s])};
+        copies.push_back({o_segs[(size_t)s], k->segs, (size_t)k->num_segs * sizeof(ra_segment)});
+        copies.push_back({o_first[(size_t)s], k->seq_first, ((size_t)n + 1) * sizeof(int32_t)});
+    }
+    for (const Copy &c : copies) {
+        const cudaError_t e = c.bytes ? cudaMemcpy(base + c.to, c.from, c.bytes, cudaMemcpyHostToDevice)
+                                      : cudaSuccess;
+        if (e != cudaSuccess) {
+            cuda_workspace_destroy((struct ra_workspace *)ws);
+            return ra__cuda_fail(e, "cudaMemcpy of the plan's arrays");
+        }
+    }
+    *out = (struct ra_workspace *)ws;
+    *bytes = at;
+    return RINGATTN_SUCCESS;
+}
+
+// Device memory of the plan's device, and for Q, K and V 16-byte chunks the kernels can load.
+ringattn_status_t cuda_check_tensor(const struct ra_workspace *wsp, const char *fn,
+                                    const char *name, const void *data, const ra_view *v)
+{
+    const ra_cuda_ws *ws = (const ra_cuda_ws *)wsp;
+    cudaPointerAttributes at;
+    const cudaError_t e = cudaPointerGetAttributes(&at, data);
+    if (e != cudaSuccess) cudaGetLastError(); // not sticky
+    RA_CHECK(e == cudaSuccess &&
+                 (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged),
+             RINGATTN_ERR_CUDA, "%s: %s: got %p, expected device memory (the plan's backend is "
+                                "CUDA)", fn, name, data);
+    RA_CHECK(at.type == cudaMemoryTypeManaged || at.device == ws->device, RINGATTN_ERR_CUDA,
+             "%s: %s: got memory of device %d, expected device %d (the plan's)", fn, name,
+             at.device, ws->device);
+    if (!v) return RINGATTN_SUCCESS;
+    const int64_t unit = (int64_t)(16 / v->elem); // elements per 16-byte chunk
+    RA_CHECK((uintptr_t)data % 16 == 0 && v->row % unit == 0 && v->head % unit == 0,
+             RINGATTN_ERR_UNSUPPORTED,
+             "%s: %s: got address %p, row stride %lld, head stride %lld, expected a 16-byte "
+             "aligned address and strides that are multiples of %lld elements on the CUDA "
+             "backend",
+             fn, name, data, (long long)v->row, (long long)v->head, (long long)unit);
+    return RINGATTN_SUCCESS;
+}
+
+// One forward step (params.h): the local queries against the held shard, on the call's stream.
+ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                      const ra_fwd_io *io)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    RA_CHECK(!io->stats_only, RINGATTN_ERR_INTERNAL, "ringattn: CUDA: no backward stats pass yet");
+    if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
+    ra_cuda_device_scope dev(ws->device);
+    if (!dev.ok()) return ra__cuda_fail(cudaGetLastError(), "cudaSetDevice");
+    const int s = (int)(io->keys - p->key_shards);
+    ra_fwd_tile_args a{};
+    a.q = io->q->data, a.k = io->k->data, a.v = io->v->data;
+    a.q_row = io->q->row, a.q_head = io->q->head, a.k_row = io->k->row, a.k_head = io->k->head;
+    a.v_row = io->v->row, a.v_head = io->v->head;
+    a.o = io->o->data, a.o_row = io->o->row, a.o_head = io->o->head, a.lse = io->lse;
+    a.m = io->m, a.l = io->l, a.acc = io->acc;
+    a.qsegs = ws->qsegs, a.work = ws->work;
+    a.ksegs = ws->keys[s].segs, a.kseq_first = ws->keys[s].seq_first, a.delta = ws->delta;
+    a.tq = (int)p->queries->rows, a.heads = p->num_heads, a.kv_heads = p->num_kv_heads;
+    a.d = p->head_dim, a.dv = p->head_dim_v;
+    a.window = p->window;
+    a.scale = p->scale, a.softcap = p->softcap;
+    a.inv_softcap = p->softcap > 0.0f ? 1.0f / p->softcap : 0.0f;
+    a.alibi = ws->alibi;
+    a.bias = io->dyn.bias, a.bias_ld = io->dyn.ld, a.bias_heads = p->bias_heads;
+    a.thr_b = io->dyn.thr_b, a.thr_p = io->dyn.thr_p;
+    a.absmax = p->dtype == RINGATTN_FLOAT16 ? nullptr : ws->absmax;
+    a.first = io->first, a.last = io->last, a.bf16 = p->dtype == RINGATTN_BFLOAT16;
+    const cudaStream_t stream = ra__cuda_stream(io->stream);
+    const int st = p->dtype == RINGATTN_FLOAT32 ? ra__cuda_forward_f32(a, ws->tiles, stream)
+                                                : ra__cuda_forward_tile(a, ws->tiles, stream);
+    RA_CUDA_TRY((cudaError_t)st, "forward kernel launch");
+    return RINGATTN_SUCCESS;
+}
+
+} // namespace
+
+extern "C" const struct ra_backend ra__cuda_backend = {
+    /* .name = */ "cuda",
+    /* .kind = */ RINGATTN_BACKEND_CUDA,
+    /* .prepare = */ cuda_prepare,
+    /* .workspace_create = */ cuda_workspace_create,
+    /* .workspace_destroy = */ cuda_workspace_destroy,
+    /* .check_tensor = */ cuda_check_tensor,
+    /* .alloc = */ ra__cuda_alloc,
+    /* .free = */ ra__cuda_free,
+    /* .zero = */ ra__cuda_zero,
+    /* .copy = */ ra__cuda_copy,
+    /* .add_f32 = */ ra__cuda_add_f32,
+    /* .to_host = */ ra__cuda_to_host,
+    /* .from_host = */ ra__cuda_from_host,
+    /* .scan = */ ra__cuda_scan,
+    /* .merge = */ nullptr, // ringattn_merge_partials is host memory (the CPU's)
+    /* .event_record = */ ra__cuda_event_record,
+    /* .event_wait = */ ra__cuda_event_wait,
+    /* .attend_forward = */ cuda_attend_forward,
+    /* .backward_prologue = */ nullptr, // the backward kernels come next (forward only)
+    /* .attend_backward = */ nullptr,
+};

@@ -1,0 +1,82 @@
+// The CUDA backend's host side (kernels/backend.h), shared by its files: the workspace -- the
+// plan's kernel params mirrored to the device once -- the error mapping, and the launchers.
+// Compiled by nvcc for the GPU build and by g++ over the SIMT emulation for CI (device.cuh
+// chooses). Internal.
+#pragma once
+
+#include "kernels/cuda/forward_launch.cuh"
+
+extern "C" {
+#include "base/error.h"
+#include "base/host_stream.h"
+#include "kernels/backend.h"
+}
+
+// One key shard's segments on the device.
+struct ra_cuda_keys {
+    const ra_segment *segs;
+    const int32_t *seq_first; // [num_seqs + 1]
+};
+
+struct ra_cuda_ws {
+    int device;               // the plan's device: every call runs there
+    // in one device allocation, written once at plan creation
+    void *arena;
+    size_t bytes;
+    const int64_t *delta;     // [num_seqs]
+    const float *alibi;       // [H] or NULL
+    const ra_segment *qsegs;  // the local queries' segments
+    const int32_t *work;      // [2 * tiles]: (query segment, first index) of each query tile
+    int tiles;
+    ra_cuda_keys *keys;       // host array [num_key_shards] of device arrays
+    float *absmax;            // [2] of the call's scan (SPEC 9), read by the kernels
+};
+
+static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }
+
+// A failed runtime call as RINGATTN_ERR_CUDA, its message naming what failed and why.
+ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what);
+#define RA_CUDA_TRY(call, what)                                 \
+    do {                                                        \
+        const cudaError_t ra_cuda_e_ = (call);                  \
+        if (ra_cuda_e_ != cudaSuccess) return ra__cuda_fail(ra_cuda_e_, what); \
+    } while (0)
+
+// The call's stream (the caller's, carried on the plan's host stream; NULL: the default).
+static inline cudaStream_t ra__cuda_stream(void *stream)
+{
+    return stream ? (cudaStream_t)((ra_host_stream *)stream)->device : (cudaStream_t)0;
+}
+
+// Makes dev current for the scope, and puts the caller's device back after it.
+class ra_cuda_device_scope {
+  public:
+    explicit ra_cuda_device_scope(int dev)
+    {
+        if (dev >= 0 && cudaGetDevice(&prev_) == cudaSuccess && prev_ != dev)
+            ok_ = cudaSetDevice(dev) == cudaSuccess, set_ = ok_;
+    }
+    ~ra_cuda_device_scope()
+    {
+        if (set_) cudaSetDevice(prev_);
+    }
+    bool ok() const { return ok_; }
+
+  private:
+    int prev_ = -1;
+    bool ok_ = true, set_ = false;
+};
+
+
+// kernels/cuda/memory.cu: the backend's memory and element work.
+ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr);
+void ra__cuda_free(void *ptr);
+ringattn_status_t ra__cuda_zero(void *dst, size_t bytes, void *stream);
+ringattn_status_t ra__cuda_copy(const ra_copy *c, void *stream);
+ringattn_status_t ra__cuda_add_f32(float *dst, const float *src, size_t n, void *stream);
+ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, void *stream);
+ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream);
+ringattn_status_t ra__cuda_scan(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                const ra_scan_io *io, ra_scan *out);
+ringattn_status_t ra__cuda_event_record(void *event, void *stream);
+ringattn_status_t ra__cuda_event_wait(void *event, void *stream);

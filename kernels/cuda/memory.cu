@@ -1,0 +1,176 @@
+// The CUDA backend's memory and element work (kernels/backend.h): device memory, copies between
+// strided views (float32 sums into the storage dtype), float32 adds, the SPEC 9 input scan, in
+// the call's stream order. Nothing here waits for the device except to_host, which must.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cstdio>
+
+ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what)
+{
+    const char *detail = ra_device_error_detail();
+    return ra__fail(RINGATTN_ERR_CUDA, "ringattn: CUDA: %s: %s (error %d)%s%s", what,
+                    cudaGetErrorString(e), (int)e, detail[0] ? ": " : "", detail);
+}
+
+ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr)
+{
+    const cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 16);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); // not sticky: the caller may free memory and try again
+        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of device memory (%zu bytes)",
+                        bytes);
+    }
+    RA_CUDA_TRY(e, "cudaMalloc");
+    return RINGATTN_SUCCESS;
+}
+
+void ra__cuda_free(void *ptr) { cudaFree(ptr); }
+
+ringattn_status_t ra__cuda_zero(void *dst, size_t bytes, void *stream)
+{
+    if (bytes) RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, ra__cuda_stream(stream)), "cudaMemsetAsync");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, void *stream)
+{
+    if (!bytes) return RINGATTN_SUCCESS;
+    const cudaStream_t s = ra__cuda_stream(stream);
+    RA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+    RA_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return RINGATTN_SUCCESS;
+}
+
+// Pageable host memory: CUDA has read it when the call returns, so the caller may reuse it.
+ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream)
+{
+    if (bytes)
+        RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ra__cuda_stream(stream)),
+                    "cudaMemcpyAsync");
+    return RINGATTN_SUCCESS;
+}
+
+namespace {
+
+constexpr int THREADS = 256;
+
+unsigned blocks_for(size_t n)
+{
+    const size_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 4096 ? (b ? b : 1) : 4096); // grid-stride loops past that
+}
+
+// rows x heads x dim elements, one thread per element (grid-stride): a plain copy of 16-bit or
+// 32-bit elements, or float32 into the 16-bit dtype (bf16: to_bf16).
+__global__ void copy_kernel(ra_view src, ra_view dst, int64_t rows, int heads, int dim, int convert,
+                            int to_bf16)
+{
+    const int64_t n = rows * heads * dim;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ((int64_t)heads * dim), h = i / dim % heads, c = i % dim;
+        const int64_t so = t * src.row + h * src.head + c, d = t * dst.row + h * dst.head + c;
+        if (convert)
+            reinterpret_cast<uint16_t *>(dst.data)[d] = (uint16_t)(
+                ra_pack_16x2(to_bf16 != 0, reinterpret_cast<const float *>(src.data)[so], 0.0f) &
+                0xffffu);
+        else if (dst.elem == 4)
+            reinterpret_cast<uint32_t *>(dst.data)[d] = reinterpret_cast<const uint32_t *>(src.data)[so];
+        else
+            reinterpret_cast<uint16_t *>(dst.data)[d] = reinterpret_cast<const uint16_t *>(src.data)[so];
+    }
+}
+
+__global__ void add_kernel(float *dst, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+// max |x| over rows x heads x dim elements (float32, or bfloat16: the upper half of a float32;
+// float16 is bounded and never scanned) into *out as float bits (non-negative floats order
+// as their bits, and NaN above every one, so a NaN input gives NaN, as SPEC 9 wants): atomicMax
+// of the same values in any order gives the same bits.
+__global__ void absmax_kernel(ra_view v, int64_t rows, int heads, int dim, unsigned *out)
+{
+    const int64_t n = rows * heads * dim;
+    unsigned best = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ((int64_t)heads * dim), h = i / dim % heads, c = i % dim;
+        const int64_t at = t * v.row + h * v.head + c;
+        const unsigned bits = v.elem == 4 ? reinterpret_cast<const unsigned *>(v.data)[at]
+                                          : (unsigned)reinterpret_cast<const uint16_t *>(v.data)[at] << 16;
+        const unsigned mag = bits & 0x7fffffffu;
+        best = mag > best ? mag : best;
+    }
+    atomicMax(out, best);
+}
+
+} // namespace
+
+ringattn_status_t ra__cuda_copy(const ra_copy *c, void *stream)
+{
+    RA_CHECK(c->src_dtype == c->dst_dtype || c->src_dtype == RINGATTN_FLOAT32,
+             RINGATTN_ERR_INTERNAL, "ringattn: copy from dtype %d to %d", (int)c->src_dtype,
+             (int)c->dst_dtype);
+    const size_t n = (size_t)c->rows * c->heads * c->dim;
+    if (!n) return RINGATTN_SUCCESS;
+    int st;
+    RA_LAUNCH(st, copy_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, ra__cuda_stream(stream),
+              *c->src, *c->dst, c->rows, c->heads, c->dim, c->src_dtype != c->dst_dtype,
+              c->dst_dtype == RINGATTN_BFLOAT16);
+    RA_CUDA_TRY((cudaError_t)st, "copy kernel launch");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cuda_add_f32(float *dst, const float *src, size_t n, void *stream)
+{
+    if (!n) return RINGATTN_SUCCESS;
+    int st;
+    RA_LAUNCH(st, add_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, ra__cuda_stream(stream), dst,
+              src, n);
+    RA_CUDA_TRY((cudaError_t)st, "add kernel launch");
+    return RINGATTN_SUCCESS;
+}
+
+// SPEC 9's scan, on the device: the kernels read max |Q| and max |K| there and decide whether
+// Q is scaled before the product, so that a call never waits for the device to decide.
+ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                const ra_scan_io *io, ra_scan *out)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    *out = ra_scan{0.0f, 0.0f, 0, 1};
+    RA_CHECK(io->lse == NULL, RINGATTN_ERR_INTERNAL, "ringattn: CUDA scan: no backward yet");
+    if (p->dtype == RINGATTN_FLOAT16) return RINGATTN_SUCCESS; // bounded (SPEC 9): not read
+    const cudaStream_t s = ra__cuda_stream(io->stream);
+    RA_CUDA_TRY(cudaMemsetAsync(ws->absmax, 0, 2 * sizeof(float), s), "cudaMemsetAsync");
+    const struct {
+        const ra_view *v;
+        int64_t rows;
+        int heads;
+    } in[2] = {{io->q, io->q_rows, p->num_heads}, {io->k, io->k_rows, p->num_kv_heads}};
+    for (int i = 0; i < 2; ++i) {
+        const size_t n = (size_t)in[i].rows * in[i].heads * p->head_dim;
+        if (!n) continue;
+        int st;
+        RA_LAUNCH(st, absmax_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, s, *in[i].v, in[i].rows,
+                  in[i].heads, p->head_dim, reinterpret_cast<unsigned *>(ws->absmax + i));
+        RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
+    }
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cuda_event_record(void *event, void *stream)
+{
+    RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, ra__cuda_stream(stream)), "cudaEventRecord");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cuda_event_wait(void *event, void *stream)
+{
+    RA_CUDA_TRY(cudaStreamWaitEvent(ra__cuda_stream(stream), (cudaEvent_t)event, 0),
+                "cudaStreamWaitEvent");
+    return RINGATTN_SUCCESS;
+}

@@ -1,0 +1,217 @@
+// What the CUDA backend refuses, and how it reports device errors, through the public API:
+// every refusal a status with a message naming the argument, nothing written (outputs keep
+// their poison); stream-ordered calls that return before the device has run them (emulation:
+// its deferred streams show it); a device fault as RINGATTN_ERR_CUDA, never an abort.
+#include <catch2/catch.hpp>
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/cases.hpp"
+
+using namespace ratest;
+
+namespace {
+
+template <class F> F runtime(const char *name)
+{
+    F f = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+    REQUIRE(f != nullptr);
+    return f;
+}
+
+AttnConfig small(ringattn_dtype_t dt = RINGATTN_BFLOAT16)
+{
+    AttnConfig c;
+    c.dtype = dt, c.H = 2, c.Hkv = 1, c.D = 32, c.cu_q = {0, 40, 100};
+    c.causal = true;
+    return c;
+}
+
+bool has(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
+
+// A call on pb's tensors with tensor `patch` applied; O and LSE must keep their poison.
+ringattn_status_t call_patched(const Plan &plan, Problem &pb,
+                               void (*patch)(ringattn_tensors_t &, Problem &))
+{
+    pb.poison_forward_outputs();
+    ringattn_tensors_t t = pb.tensors();
+    patch(t, pb);
+    const ringattn_status_t st = ringattn_forward(plan.get(), &t, nullptr);
+    const std::string msg = ringattn_last_error();
+    pb.from_device();
+    CHECK(pb.o.get(0, 0, 0) != pb.o.get(0, 0, 0)); // still NaN: nothing written
+    CHECK(std::isnan(pb.lse[0]));
+    INFO(msg);
+    return st;
+}
+
+} // namespace
+
+TEST_CASE("CUDA: plans the kernels cannot run are refused with a message", "[cuda][errors]")
+{
+    struct Bad {
+        const char *what;
+        void (*edit)(AttnConfig &);
+        ringattn_status_t want;
+        const char *msg;
+    };
+    const Bad bad[] = {
+        {"head_dim 12 (bf16 loads 8 at a time)", [](AttnConfig &c) { c.D = 12; },
+         RINGATTN_ERR_UNSUPPORTED, "head_dim: got 12"},
+        {"head_dim_v 256", [](AttnConfig &c) { c.Dv = 256; }, RINGATTN_ERR_UNSUPPORTED,
+         "head_dim_v: got 256"},
+        {"a tile size", [](AttnConfig &c) { c.block_k = 32; }, RINGATTN_ERR_UNSUPPORTED,
+         "block_q/block_k"},
+    };
+    for (const Bad &b : bad) {
+        AttnConfig c = small();
+        b.edit(c);
+        Plan p(c);
+        INFO(b.what << ": " << ringattn_last_error());
+        CHECK(p.status() == b.want);
+        CHECK(has(ringattn_last_error(), b.msg));
+    }
+    AttnConfig c = small();
+    ringattn_plan_desc_t d = make_desc(c);
+    d.device = 7;
+    ringattn_plan_t p = nullptr;
+    CHECK(ringattn_plan_create(nullptr, &d, &p) == RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(has(ringattn_last_error(), "device: got 7"));
+    CHECK(p == nullptr);
+}
+
+TEST_CASE("CUDA: a ring plan is refused on every rank (one rank per plan in this release)",
+          "[cuda][errors]")
+{
+    ringattn_comm_t comms[2];
+    REQUIRE(ringattn_comm_create_threads(2, comms) == RINGATTN_SUCCESS);
+    ringattn_status_t st[2];
+    std::string msg[2];
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+            AttnConfig c = small();
+            ringattn_plan_desc_t d = make_desc(c);
+            ringattn_plan_t p = nullptr;
+            st[r] = ringattn_plan_create(comms[r], &d, &p);
+            msg[r] = ringattn_last_error();
+            ringattn_plan_destroy(p);
+        });
+    for (std::thread &t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r << ": " << msg[r]);
+        CHECK(st[r] == RINGATTN_ERR_UNSUPPORTED);
+    }
+    CHECK(has(msg[0], "comm NULL"));
+    for (ringattn_comm_t cm : comms) ringattn_comm_destroy(cm);
+}
+
+TEST_CASE("CUDA: host memory, misaligned tensors and the backward are refused before anything runs",
+          "[cuda][errors]")
+{
+    std::mt19937_64 rng(seed_for("cuda errors", 0));
+    AttnConfig c = small();
+    Problem pb(c, Storage::Packed, rng);
+    Plan plan(c);
+    require_plan(plan);
+    // host memory where the plan wants device memory
+    CHECK(call_patched(plan, pb, [](ringattn_tensors_t &t, Problem &p) {
+              t.k.data = p.k.buf->bytes.data();
+          }) == RINGATTN_ERR_CUDA);
+    CHECK(has(ringattn_last_error(), "k: got"));
+    CHECK(has(ringattn_last_error(), "expected device memory"));
+    static std::vector<float> host_lse(1000);
+    CHECK(call_patched(plan, pb, [](ringattn_tensors_t &t, Problem &) { t.lse = host_lse.data(); }) ==
+          RINGATTN_ERR_CUDA);
+    CHECK(has(ringattn_last_error(), "lse: got"));
+    // a Q that starts 2 bytes into its buffer, and a row stride the 16-byte loads cannot take
+    CHECK(call_patched(plan, pb, [](ringattn_tensors_t &t, Problem &) {
+              t.q.data = static_cast<char *>(t.q.data) + 2;
+          }) == RINGATTN_ERR_UNSUPPORTED);
+    CHECK(has(ringattn_last_error(), "q: got address"));
+    CHECK(call_patched(plan, pb, [](ringattn_tensors_t &t, Problem &) {
+              t.v.row_stride = 36; // 32 columns, then 4 of padding: not whole 16-byte chunks
+              t.v.head_stride = 32;
+          }) == RINGATTN_ERR_UNSUPPORTED);
+    CHECK(has(ringattn_last_error(), "v: got address"));
+    CHECK(has(ringattn_last_error(), "multiples of 8 elements"));
+    // the backward: not built yet, said so
+    ringattn_tensors_t t = pb.tensors();
+    CHECK(ringattn_backward(plan.get(), &t, nullptr) == RINGATTN_ERR_UNSUPPORTED);
+    CHECK(has(ringattn_last_error(), "no backward kernels yet"));
+    // and the plan still works
+    CheckOptions opt;
+    opt.backward = false;
+    CHECK(check_against_oracle(plan, pb, opt));
+}
+
+TEST_CASE("CUDA: a call enqueues on the caller's stream and returns without waiting", "[cuda][stream]")
+{
+    if (!set_schedule(0)) {
+        SUCCEED("on a GPU the device runs the work as soon as it can: nothing to observe here");
+        return;
+    }
+    using create_fn = int (*)(void **);
+    using sync_fn = int (*)(void *);
+    const auto create = runtime<create_fn>("cudaStreamCreate");
+    const auto sync = runtime<sync_fn>("cudaStreamSynchronize");
+    const auto destroy = runtime<sync_fn>("cudaStreamDestroy");
+    const auto copy = runtime<int (*)(void *, const void *, size_t, int)>("cudaMemcpy");
+    void *stream = nullptr;
+    REQUIRE(create(&stream) == 0);
+    std::mt19937_64 rng(seed_for("cuda stream", 0));
+    for (ringattn_dtype_t dt : all_dtypes) {
+        AttnConfig c = small(dt);
+        Problem pb(c, Storage::Packed, rng);
+        Plan plan(c);
+        require_plan(plan);
+        pb.poison_forward_outputs();
+        ringattn_tensors_t t = pb.tensors();
+        REQUIRE(ringattn_forward(plan.get(), &t, stream) == RINGATTN_SUCCESS);
+        // the emulated streams run only when synchronised: the call has not waited for its work
+        // (cudaMemcpy synchronises only the default stream, not this one)
+        float first = 0.0f;
+        REQUIRE(copy(&first, t.lse, sizeof first, 4) == 0);
+        CHECK(std::isnan(first));
+        REQUIRE(sync(stream) == 0);
+        REQUIRE(copy(&first, t.lse, sizeof first, 4) == 0);
+        CHECK(std::isfinite(first));
+    }
+    CHECK(destroy(stream) == 0);
+}
+
+TEST_CASE("CUDA: a device fault is RINGATTN_ERR_CUDA with a message, never an abort", "[cuda][errors]")
+{
+    using inject_fn = void (*)();
+    const auto inject = reinterpret_cast<inject_fn>(dlsym(RTLD_DEFAULT, "ra_emu_inject_fault"));
+    if (!inject) {
+        SUCCEED("faults are injected only on the emulation");
+        return;
+    }
+    const auto reset = runtime<int (*)()>("cudaDeviceReset");
+    const auto sync = runtime<int (*)()>("cudaDeviceSynchronize");
+    std::mt19937_64 rng(seed_for("cuda fault", 0));
+    AttnConfig c = small();
+    Problem pb(c, Storage::Packed, rng);
+    Plan plan(c);
+    require_plan(plan);
+    inject(); // the next launch (the call's scan) faults when the stream runs it
+    ringattn_tensors_t t = pb.tensors();
+    CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_SUCCESS); // enqueued, returned
+    CHECK(sync() != 0);                                                   // the fault surfaces
+    // the same tensors again (a copy to the device would fail now too, as on a GPU)
+    CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_CUDA); // and is reported
+    INFO(ringattn_last_error());
+    CHECK(has(ringattn_last_error(), "ringattn: CUDA: "));
+    CHECK(has(ringattn_last_error(), "injected device fault"));
+    reset();
+    CheckOptions opt;
+    opt.backward = false;
+    CHECK(check_against_oracle(plan, pb, opt)); // a reset device works again
+}
