@@ -77,14 +77,10 @@ template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(keep));
 }
 
-// Launches kernel; st = 0 (cudaSuccess) or the launch's error. Above 48 KiB of dynamic shared
-// memory a kernel needs an opt-in first (as FlashAttention's launchers do at each launch).
+// Launches kernel; st = 0 (cudaSuccess) or the launch's error (RA_SMEM_OPTIN below).
 #define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                                  \
     do {                                                                                       \
-        st = (smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                   \
-                                      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                      (int)(smem))                                             \
-                                : 0;                                                           \
+        st = RA_SMEM_OPTIN(kernel, smem);                                                      \
         if (st == 0) {                                                                         \
             kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);                        \
             st = (int)cudaGetLastError();                                                      \
@@ -147,12 +143,16 @@ template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep)
 // parameters); st = 0 or the configuration's error.
 #define RA_LAUNCH(st, kernel, grid, block, smem, stream, ...)                                  \
     do {                                                                                       \
-        st = (smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                   \
-                                      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                      (int)(smem))                                             \
-                                : 0;                                                           \
+        st = RA_SMEM_OPTIN(kernel, smem);                                                      \
         if (st == 0)                                                                           \
             st = (int)::ra_emu::launch_kernel((stream), (grid), (block), (smem), kernel,       \
                                               __VA_ARGS__);                                    \
     } while (0)
 #endif
+
+// Above 48 KiB of dynamic shared memory a kernel needs an opt-in before its launch (as
+// FlashAttention's launchers do at each launch): 0 or the runtime's error.
+#define RA_SMEM_OPTIN(kernel, smem)                                                             \
+    ((smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                           \
+                              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)) \
+                        : 0)

@@ -11,11 +11,7 @@ foreach(cu ${RINGATTN_CUDA_SOURCES})
   list(APPEND ra_emu_wrappers ${wrapper})
 endforeach()
 list(TRANSFORM RINGATTN_C_SOURCES PREPEND ${PROJECT_SOURCE_DIR}/ OUTPUT_VARIABLE ra_emu_c_sources)
-add_library(ringattn_emu SHARED ${ra_emu_c_sources} ${ra_emu_wrappers}
-  ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/fiber.cpp
-  ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/scheduler.cpp
-  ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/warp.cpp
-  ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/fake_runtime.cpp)
+add_library(ringattn_emu SHARED ${ra_emu_c_sources} ${ra_emu_wrappers} ${RA_EMU_SOURCES})
 target_include_directories(ringattn_emu PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include
                                                 ${RINGATTN_CBLAS_INCLUDE})
 target_compile_definitions(ringattn_emu PRIVATE RINGATTN_BUILDING RINGATTN_HAVE_CUDA)

@@ -77,20 +77,14 @@ Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double s
         break;
     }
     case Storage::Padded:
-        q = make_padded(dt, Tq, H, D, 3, 5);
-        k = make_padded(dt, Tk, Hkv, D, 1, 7);
-        v = make_padded(dt, Tk, Hkv, Dv, 2, 0);
-        o = make_padded(dt, Tq, H, Dv, 5, 3);
-        dout = make_padded(dt, Tq, H, Dv, 1, 1);
-        dq = make_padded(dt, Tq, H, D, 2, 9);
-        dk = make_padded(dt, Tk, Hkv, D, 4, 1);
-        dv = make_padded(dt, Tk, Hkv, Dv, 0, 6);
-        break;
     case Storage::PaddedAligned: {
-        const int u = (int)(16 / dtype_size(dt)); // elements per 16-byte chunk
-        q = make_padded(dt, Tq, H, D, u, 2 * u);
-        k = make_padded(dt, Tk, Hkv, D, 2 * u, u);
-        v = make_padded(dt, Tk, Hkv, Dv, u, 0);
+        // Q, K, V: odd (head, row) padding, or whole 16-byte chunks of u elements; the other
+        // tensors odd in both
+        const bool odd = st == Storage::Padded;
+        const int u = (int)(16 / dtype_size(dt));
+        q = odd ? make_padded(dt, Tq, H, D, 3, 5) : make_padded(dt, Tq, H, D, u, 2 * u);
+        k = odd ? make_padded(dt, Tk, Hkv, D, 1, 7) : make_padded(dt, Tk, Hkv, D, 2 * u, u);
+        v = make_padded(dt, Tk, Hkv, Dv, odd ? 2 : u, 0);
         o = make_padded(dt, Tq, H, Dv, 5, 3);
         dout = make_padded(dt, Tq, H, Dv, 1, 1);
         dq = make_padded(dt, Tq, H, D, 2, 9);

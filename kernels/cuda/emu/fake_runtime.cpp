@@ -378,24 +378,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     return cudaSuccess;
 }
 
-// For tests that reach the emulation only through a library built on it (dlsym): the block
-// scheduling policy of this thread's later launches and the streams' drain order, together.
-// 0: round robin, in order; 1: random (seeded) for both; 2: highest thread first, reverse.
-extern "C" __attribute__((visibility("default"))) void ra_emu_set_schedule(int kind,
-                                                                          unsigned long long seed)
-{
-    using namespace ra_emu;
-    const Policy p[] = {Policy::round_robin, Policy::random, Policy::highest_first};
-    const Drain d[] = {Drain::in_order, Drain::random, Drain::reverse};
-    const int k = kind >= 0 && kind < 3 ? kind : 0;
-    set_policy(p[k], seed);
-    set_drain_policy(d[k], seed);
-}
+namespace ra_emu {
 
-// For tests of a library built on the emulation: the next kernel launch faults when it runs (a
-// sticky error, as an illegal address on a GPU: every later call fails until cudaDeviceReset).
-extern "C" __attribute__((visibility("default"))) void ra_emu_inject_fault()
+void fail_next_launch_for_test()
 {
     std::lock_guard<std::recursive_mutex> lk(mu);
     fail_next_launch = true;
 }
+
+} // namespace ra_emu

@@ -112,4 +112,7 @@ void set_drain_policy(Drain d, uint64_t seed = 0);
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                            std::function<void()> body);
 
+// The next launch faults when it runs (test_hooks.cpp: ra_emu_inject_fault).
+void fail_next_launch_for_test();
+
 } // namespace ra_emu
