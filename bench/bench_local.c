@@ -1,5 +1,6 @@
 /*
- * bench_local: single-rank ringattn (CPU backend) against the machine's sgemm ceiling.
+ * bench_local: single-rank ringattn (CPU backend, or --backend cuda) against the machine's
+ * sgemm ceiling.
  *
  * Prints a '#' banner (version, backend, threads, ranks, sgemm GFLOP/s measured in this run),
  * then a table
@@ -10,7 +11,9 @@
  * Each configuration is checked on a sample of rows (all heads) against float64: O and LSE
  * (forward, 1e-5 relative), dQ (backward, 1e-4 normwise); wrong = 1 above SPEC 9 tolerance,
  * and any wrong result makes the exit status 1. layout "naive" rows are a dense plain-loop
- * float32 implementation (single thread) at T = 1024, for comparison.
+ * float32 implementation (single thread) at T = 1024, for comparison. --backend cuda runs the
+ * same float32 problems on the CUDA backend (device copies of the tensors; each run ends with a
+ * device synchronisation): forward only for now, threads 1 (one device), eff% 0 (no ceiling).
  *
  * Run with --help for the flags; bench/README.md explains the output. The helpers it shares with
  * the other benchmarks are in common.h.
@@ -29,6 +32,7 @@
 
 #define BENCH_NAME "bench_local"
 #include "common.h"
+#include "cuda_memory.h"
 
 enum { MASK_NONE, MASK_CAUSAL, MASK_WINDOW, NUM_MASKS };
 static const char *const mask_names[NUM_MASKS] = {"none", "causal", "win1024"};
@@ -49,6 +53,7 @@ typedef struct {
     int quick;
     const char *json_path; /* NULL: JSON lines on stdout after the table */
     int no_json;
+    int cuda; /* --backend cuda */
 } options_t;
 
 typedef struct {
@@ -281,12 +286,17 @@ static double measure(const options_t *opt, run_fn fn, void *ctx, int bwd) {
 typedef struct {
     ringattn_plan_t plan;
     ringattn_tensors_t t;
+    const cuda_memory_t *cuda; /* --backend cuda: the call is timed to its end on the device */
 } lib_ctx_t;
 
 static int run_lib(void *ctx, int bwd) {
     lib_ctx_t *c = ctx;
     const ringattn_status_t st = bwd ? ringattn_backward(c->plan, &c->t, NULL)
                                      : ringattn_forward(c->plan, &c->t, NULL);
+    if (st == RINGATTN_SUCCESS && c->cuda && c->cuda->sync() != 0) {
+        fprintf(stderr, "bench_local: cudaDeviceSynchronize failed after the call\n");
+        return 1;
+    }
     if (st == RINGATTN_SUCCESS) return 0;
     fprintf(stderr, "bench_local: %s: %s: %s\n", bwd ? "ringattn_backward" : "ringattn_forward",
             ringattn_status_string(st), ringattn_last_error());
@@ -316,7 +326,7 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
         const double flop = allowed_pairs(p->mask, p->T) * p->H * 4.0 * p->D * (bwd ? 2.5 : 1.0);
         r.time_ms = 1e3 * secs;
         r.gflops = flop / secs * 1e-9;
-        r.eff = 100.0 * r.gflops / ceiling_for(threads);
+        r.eff = opt->cuda && !naive ? 0.0 : 100.0 * r.gflops / ceiling_for(threads);
         r.err = bwd ? backward_error(p, ref) : forward_error(ref, p->T, p->H, p->D, p->o, p->lse);
         r.wrong = !(r.err <= (bwd ? 1e-4 : 1e-5)); /* SPEC 9, float32 */
     } else {
@@ -331,12 +341,43 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
     record(opt, r);
 }
 
+static cuda_memory_t cuda_memory;
+
+/* The forward on the CUDA backend: Q, K, V copied to the device, O and LSE back after the runs
+   for the float64 check. */
+static void bench_library_cuda(const options_t *opt, problem_t *p, const reference_t *ref,
+                               lib_ctx_t *c) {
+    const size_t q = sizeof(float) * (size_t)p->T * p->H * p->D;
+    const size_t kv = sizeof(float) * (size_t)p->T * p->HKV * p->D;
+    const size_t lse = sizeof(float) * (size_t)p->T * p->H;
+    const cuda_memory_t *m = &cuda_memory;
+    void *dq = cuda_memory_upload(m, p->q, q), *dk = cuda_memory_upload(m, p->k, kv),
+         *dv = cuda_memory_upload(m, p->v, kv), *dout = cuda_memory_upload(m, NULL, q),
+         *dlse = cuda_memory_upload(m, NULL, lse);
+    double fwd = -1.0;
+    if (dq && dk && dv && dout && dlse) {
+        c->cuda = m;
+        c->t = (ringattn_tensors_t)RINGATTN_TENSORS_INIT;
+        c->t.q.data = dq, c->t.k.data = dk, c->t.v.data = dv, c->t.o.data = dout, c->t.lse = dlse;
+        fwd = measure(opt, run_lib, c, 0);
+        if (fwd >= 0 && (m->copy(p->o, dout, q, 4) != 0 || m->copy(p->lse, dlse, lse, 4) != 0))
+            fwd = -1.0;
+    } else {
+        fprintf(stderr, "bench_local: --backend cuda: device allocation failed\n");
+    }
+    report(opt, p, ref, 1, 0, 0, fwd);
+    void *all[] = {dq, dk, dv, dout, dlse};
+    for (int i = 0; i < 5; ++i)
+        if (all[i]) m->free_(all[i]);
+}
+
 static void bench_library(const options_t *opt, problem_t *p, const reference_t *ref, int threads) {
     const int32_t cu[2] = {0, p->T};
     ringattn_plan_desc_t desc = one_sequence_desc(cu, p->H, p->HKV, p->D, threads);
+    if (opt->cuda) desc.backend = RINGATTN_BACKEND_CUDA, desc.num_threads = 0;
     desc.causal = p->mask != MASK_NONE;
     mask_window(p->mask, &desc.window_left, &desc.window_right);
-    lib_ctx_t c = {NULL, RINGATTN_TENSORS_INIT};
+    lib_ctx_t c = {NULL, RINGATTN_TENSORS_INIT, NULL};
     const ringattn_status_t st = ringattn_plan_create(NULL, &desc, &c.plan);
     if (st != RINGATTN_SUCCESS) {
         fprintf(stderr, "bench_local: ringattn_plan_create: %s: %s\n", ringattn_status_string(st),
@@ -347,9 +388,13 @@ static void bench_library(const options_t *opt, problem_t *p, const reference_t 
     c.t.q.data = p->q, c.t.k.data = p->k, c.t.v.data = p->v, c.t.o.data = p->o;
     c.t.lse = p->lse, c.t.dout.data = p->dout;
     c.t.dq.data = p->dq, c.t.dk.data = p->dk, c.t.dv.data = p->dv;
-    const double fwd = measure(opt, run_lib, &c, 0);
-    report(opt, p, ref, threads, 0, 0, fwd);
-    if (fwd >= 0) report(opt, p, ref, threads, 0, 1, measure(opt, run_lib, &c, 1));
+    if (opt->cuda) {
+        bench_library_cuda(opt, p, ref, &c);
+    } else {
+        const double fwd = measure(opt, run_lib, &c, 0);
+        report(opt, p, ref, threads, 0, 0, fwd);
+        if (fwd >= 0) report(opt, p, ref, threads, 0, 1, measure(opt, run_lib, &c, 1));
+    }
     ringattn_plan_destroy(c.plan);
 }
 
@@ -413,6 +458,7 @@ static void usage(void) {
         "usage: bench_local [--seq LIST|all] [--dim LIST] [--mask LIST] [--threads LIST]\n"
         "                   [--heads H] [--kv-heads HKV] [--reps N] [--budget SECONDS]\n"
         "                   [--sample ROWS] [--no-naive] [--quick] [--json FILE] [--no-json]\n"
+        "                   [--backend cpu|cuda]\n"
         "  LIST is comma-separated. --seq from 1024,2048,4096,8192,16384,32768 (any T works);\n"
         "  --dim 64,128; --mask none,causal,window (window = causal sliding window of %d);\n"
         "  --threads 1,all (numbers or 'all' = OpenMP's max threads).\n"
@@ -421,7 +467,8 @@ static void usage(void) {
         "  (--seq all: everything); best of --reps 3 runs, fewer once\n"
         "  --budget 4 s is spent on one measurement; --sample 16 rows checked against float64.\n"
         "  --quick: T 1024,8192,32768 (32768 window only), D 128, all threads, 1 run (< 1 min).\n"
-        "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n",
+        "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n"
+        "  --backend cuda: the forward on the CUDA backend (one device: --threads is ignored).\n",
         WINDOW);
 }
 
@@ -490,6 +537,7 @@ static int parse(int argc, char **argv, options_t *o) {
         else if (!strcmp(a, "--sample")) ok = parse_int(v, &o->sample);
         else if (!strcmp(a, "--budget")) o->budget_s = atof(v);
         else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--backend")) ok = v && (!strcmp(v, "cpu") || !strcmp(v, "cuda")), o->cuda = ok && !strcmp(v, "cuda");
         else { fprintf(stderr, "bench_local: unknown flag %s\n", a); return 0; }
         if (!ok) { fprintf(stderr, "bench_local: %s: bad value '%s' (see --help)\n", a, v); return 0; }
     }
@@ -521,8 +569,16 @@ int main(int argc, char **argv) {
     if (!parse(argc, argv, &opt)) return 2;
     if (!opt.no_json && !(json = json_open(opt.json_path))) return 2;
     const int max_threads = omp_get_max_threads();
-    printf("# ringattn %s bench_local: backend cpu, ranks 1, threads 1..%d, kv heads %d\n",
-           ringattn_version_string(), max_threads, opt.kv_heads);
+    const char *backend = opt.cuda ? "cuda" : "cpu";
+    if (opt.cuda) {
+        if (cuda_memory_load(&cuda_memory, "bench_local")) return 2;
+        opt.nthreads = 1, opt.threads[0] = 1; /* one device */
+    }
+    printf("# ringattn %s bench_local: backend %s, ranks 1, threads 1..%d, kv heads %d\n",
+           ringattn_version_string(), backend, max_threads, opt.kv_heads);
+    if (opt.cuda)
+        printf("# backend cuda: forward only (no CUDA backward yet), device copies of the tensors,"
+               " each run timed to a device synchronisation; eff%% 0: no device ceiling\n");
     print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
                "#   ceiling) and ringattn's tile products run several times slower than they can.\n"
                "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n");
@@ -535,10 +591,10 @@ int main(int argc, char **argv) {
     printf("# GFLOP/s counts allowed pairs only: fwd 4*D, bwd 10*D flop per pair per head; "
            "eff%% = GFLOP/s / sgemm ceiling at the same threads\n");
     if (json) {
-        fprintf(json, "{\"type\":\"banner\",\"version\":\"%s\",\"backend\":\"cpu\",\"ranks\":1,"
+        fprintf(json, "{\"type\":\"banner\",\"version\":\"%s\",\"backend\":\"%s\",\"ranks\":1,"
                       "\"max_threads\":%d,\"sgemm_2048_1t_gflops\":%.3f,\"sgemm_2048_all_gflops\":%.3f,"
                       "\"sgemm_128_1t_gflops\":%.3f}\n",
-                ringattn_version_string(), max_threads, c1, cn, tile);
+                ringattn_version_string(), backend, max_threads, c1, cn, tile);
     }
     printf("%6s %5s %4s %-8s %-7s %5s %7s %4s %10s %8s %5s %5s\n", "seq", "heads", "dim", "mask",
            "layout", "ranks", "threads", "pass", "time_ms", "GFLOP/s", "eff%", "wrong");

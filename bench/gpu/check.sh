@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The H200 check (CUDA.md section 4), for what exists so far: the forward tile kernel driven
-# directly (bench/gpu/fwd_tile_gpu.cu) until the CUDA backend exists. One run of at most about
-# 6 minutes; each stage under its own timeout; at most 8 files in the output folder (default
-# $OUT, else ./gpu-check): env.txt build.txt test.txt sanitizer.txt bench.txt sdpa.txt
-# summary.md. Without a GPU every GPU stage ends cleanly as "skipped" (the dry run).
+# directly (bench/gpu/fwd_tile_gpu.cu: needs only nvcc), then the library's own CUDA tests
+# (test_cuda_forward, test_cuda_errors: SPEC 9 against float64, three runs) where the machine
+# can build the library (OpenBLAS and Catch2; else that stage is skipped with the reason). One
+# run of at most about 6 minutes; each stage under its own timeout; at most 8 files in the
+# output folder (default $OUT, else ./gpu-check): env.txt build.txt test.txt sanitizer.txt
+# bench.txt sdpa.txt library.txt summary.md. Without a GPU every GPU stage ends cleanly as
+# "skipped" (the dry run).
 #   bash bench/gpu/check.sh [OUTDIR]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -52,8 +55,29 @@ sanitize() {
     return $rc
 }
 
-export root exe
-export -f env_info build sanitize
+# The library built with the CUDA backend for sm_90, and its GPU tests three times.
+library() {
+    set -o pipefail
+    command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
+    local b="$out/../ringattn-build.$$"
+    cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_BUILD_BENCH=OFF \
+        -DRINGATTN_BUILD_EXAMPLES=OFF > "$b.configure.log" 2>&1 ||
+        { echo "configure failed (OpenBLAS or Catch2 missing?): skipped"; tail -3 "$b.configure.log"; exit 77; }
+    cmake --build "$b" -j "$(nproc)" --target test_cuda_forward test_cuda_errors 2>&1 | grep -E "error|spill" && exit 1
+    local rc=0
+    for run in 1 2 3; do
+        for t in test_cuda_forward test_cuda_errors; do
+            echo "== $t, run $run"
+            RATEST_BACKEND=cuda RATEST_GPU=1 "$b/tests/$t" 2>&1 | tail -3 || rc=1
+        done
+    done
+    rm -rf "$b" "$b.configure.log"
+    return $rc
+}
+
+export root exe out
+export -f env_info build sanitize library
 run_built() { [[ -x "$exe" ]] || { echo "not built: skipped"; exit 77; }; "$exe" "$@"; }
 export -f run_built
 
@@ -63,6 +87,7 @@ stage "kernel tests on the GPU (3 runs bitwise)" 60 test.txt run_built test
 stage compute-sanitizer 150 sanitizer.txt sanitize
 stage "forward TFLOP/s" 60 bench.txt run_built bench
 stage "PyTorch SDPA flash / cuDNN" 90 sdpa.txt python3 "$root/bench/gpu/sdpa_bench.py"
+stage "library CUDA tests on the GPU (3 runs)" 240 library.txt library
 rm -f "$exe"
 
 {
@@ -77,5 +102,8 @@ rm -f "$exe"
     echo
     echo "## PyTorch SDPA"
     grep -E '^\||fully masked' "$out/sdpa.txt" 2>/dev/null || echo "(no torch or no GPU)"
+    echo
+    echo "## The library's CUDA tests"
+    grep -E '^==|All tests passed|^test cases|skipped' "$out/library.txt" 2>/dev/null || echo "(not run)"
 } > "$out/summary.md"
 cat "$out/summary.md"

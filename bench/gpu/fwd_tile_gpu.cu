@@ -1,13 +1,13 @@
 // The forward tile kernel (kernels/cuda/forward_tile.cuh) on a real GPU, for the H200 check
-// (bench/gpu/check.sh; CUDA.md section 4). Until the CUDA backend exists this drives the
-// kernel directly:
+// (bench/gpu/check.sh; CUDA.md section 4). It drives the kernel directly, so that it needs
+// nothing but nvcc on the GPU machine (the library's own GPU tests need OpenBLAS and Catch2,
+// which check.sh builds where they are):
 //   fwd_tile_gpu test   small shapes against a float64 reference (every row), three runs
 //                       compared bitwise; prints one line per case and exits 1 on a failure
 //   fwd_tile_gpu bench  forward TFLOP/s at T = 4K and 16K, H = 16, D = 64 and 128, bf16,
 //                       full and causal (CUDA events, 3 warm-ups, best of 10)
 // Tolerance: the error of O relative to max |V| within 2e-2 (bf16) or 4e-3 (f16), LSE within
-// 1e-3 -- a sanity bound; SPEC 9's judgement runs through the library's tests once the backend
-// exists.
+// 1e-3 -- a sanity bound; SPEC 9's judgement is the library's tests' (test_cuda_forward).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -91,7 +91,7 @@ ra_fwd_tile_args make(const Shape &s, const std::vector<uint16_t> &hq, const std
     a.v_row = a.k_row, a.v_head = s.D, a.o_row = a.q_row, a.o_head = s.D;
     a.qsegs = d.qsegs, a.ksegs = d.ksegs, a.work = d.work, a.kseq_first = d.kseq_first;
     a.delta = d.delta;
-    a.tq = s.tq, a.heads = s.H, a.kv_heads = s.Hkv;
+    a.tq = s.tq, a.heads = s.H, a.kv_heads = s.Hkv, a.d = s.D, a.dv = s.D;
     a.window = ra_window{s.wl, s.wr}, a.scale = 1.0f / std::sqrt((float)s.D);
     a.first = a.last = 1, a.bf16 = s.bf16;
     return a;
