@@ -242,7 +242,29 @@ RINGATTN_API ringattn_status_t ringattn_plan_scatter(ringattn_plan_t plan, ringa
 RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringattn_dtype_t dtype,
                                                     int heads, int dim, ringattn_tensor_t local,
                                                     ringattn_tensor_t global);
-/* O and LSE from Q, K, V. stream: NULL on CPU. */
+/*
+ * O and LSE from Q, K, V. stream: NULL on the CPU backend (the call returns when its outputs are
+ * written).
+ *
+ * The CUDA backend (desc.backend = RINGATTN_BACKEND_CUDA; one rank, comm NULL, in this release):
+ * - Tensors, lse and key_bias are device memory of the plan's device (else RINGATTN_ERR_CUDA);
+ *   Q, K and V start 16-byte aligned with strides in whole 16 bytes (8 elements of float16 or
+ *   bfloat16, 4 of float32), else RINGATTN_ERR_UNSUPPORTED. Head dims: multiples of 8 (float32:
+ *   4) up to 256, D_v up to 128. Tile sizes are the kernels' (block_q, block_k 0).
+ * - stream is a cudaStream_t (NULL: the legacy default stream). The call is stream-ordered: it
+ *   enqueues its work on stream and returns without waiting for the device, so the caller may
+ *   overlap it or capture it in a CUDA graph. Its inputs must stay unchanged, and its outputs
+ *   unread, until that work has run (an event recorded on stream after the call); no buffer may
+ *   be freed before. The plan owns device memory (its parameters, workspace and state), made at
+ *   plan creation and freed by ringattn_plan_destroy, which synchronises the device; calls
+ *   allocate nothing. Calls on one plan must be ordered with each other (one stream, or events).
+ * - A key bias makes the call wait for the stream: the bias is checked (SPEC 6) and the top-k
+ *   thresholds computed on the host.
+ * - An error the device reports (a fault in an earlier call's kernels, a launch failure) is
+ *   RINGATTN_ERR_CUDA with the runtime's message, at the first call that sees it; after a fault
+ *   the CUDA context is unusable, as for every CUDA library.
+ * - ringattn_backward is RINGATTN_ERR_UNSUPPORTED on the CUDA backend (its kernels come next).
+ */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);
 /* dQ, dK, dV from Q, K, V, O, LSE, dO (SPEC 7). */
