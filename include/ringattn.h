@@ -250,7 +250,7 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  * - Tensors, lse and key_bias are device memory of the plan's device (else RINGATTN_ERR_CUDA);
  *   Q, K and V start 16-byte aligned with strides in whole 16 bytes (8 elements of float16 or
  *   bfloat16, 4 of float32), else RINGATTN_ERR_UNSUPPORTED. Head dims: multiples of 8 (float32:
- *   4) up to 256, D_v up to 128. Tile sizes are the kernels' (block_q, block_k 0).
+ *   4) up to 256. Tile sizes are the kernels' (block_q, block_k 0).
  * - stream is a cudaStream_t (NULL: the legacy default stream). The call is stream-ordered: it
  *   enqueues its work on stream and returns without waiting for the device, so the caller may
  *   overlap it or capture it in a CUDA graph. Its inputs must stay unchanged, and its outputs

@@ -65,6 +65,10 @@ struct ra_backend {
        load. NULL where any host memory is fine (CPU). */
     ringattn_status_t (*check_tensor)(const struct ra_workspace *ws, const char *fn,
                                       const char *name, const void *data, const ra_view *v);
+    /* Makes `device` the calling thread's current one and returns the previous (-1: none), so
+       that the plan's memory and work land on its device whatever the caller's current one is;
+       NULL where there is no device (CPU). */
+    int (*set_device)(int device);
     /* The backend's memory (device memory on a GPU), and element work on it, in stream order. */
     ringattn_status_t (*alloc)(size_t bytes, void **ptr);
     void (*free)(void *ptr);

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "base/error.h"
+#include "base/registry.h"
 #include "comm/comm.h"
 #include "ring/call.h"
 #include "ring/compat.h"
@@ -136,20 +137,27 @@ static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const r
     return st;
 }
 
+/* A forward or backward call, on the plan's device (the caller's current one put back). */
+static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                              void *stream, int backward)
+{
+    const int previous = ra__registry_contains(plan) ? ra__device_enter(plan) : -1;
+    ra_call c = {0};
+    ringattn_status_t st = call_begin(fn, plan, t, stream, backward, &c);
+    if (st == RINGATTN_SUCCESS)
+        st = call_ring(fn, plan, &c, backward ? ra__ring_backward : ra__ring_forward);
+    if (previous >= 0) ra__device_leave(plan, previous);
+    return st;
+}
+
 ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                    void *stream)
 {
-    static const char fn[] = "ringattn_forward";
-    ra_call c = {0};
-    RA_TRY(call_begin(fn, plan, t, stream, 0, &c));
-    return call_ring(fn, plan, &c, ra__ring_forward);
+    return call("ringattn_forward", plan, t, stream, 0);
 }
 
 ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                     void *stream)
 {
-    static const char fn[] = "ringattn_backward";
-    ra_call c = {0};
-    RA_TRY(call_begin(fn, plan, t, stream, 1, &c));
-    return call_ring(fn, plan, &c, ra__ring_backward);
+    return call("ringattn_backward", plan, t, stream, 1);
 }

@@ -30,6 +30,7 @@ const struct ra_backend ra__cpu_backend = {
     .kind = RINGATTN_BACKEND_CPU,
     .prepare = cpu_prepare,
     .check_tensor = NULL, /* host memory of any alignment */
+    .set_device = NULL,   /* no device */
     .workspace_create = cpu_workspace_create,
     .workspace_destroy = ra__cpu_workspace_destroy,
     .alloc = ra__cpu_alloc,

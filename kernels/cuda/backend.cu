@@ -5,7 +5,6 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #define FN "ringattn_plan_create"
@@ -20,6 +19,7 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
 {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) cudaGetLastError(); // not sticky: leave no error for a later call
     RA_CHECK(e == cudaSuccess && count > 0, RINGATTN_ERR_CUDA,
              FN ": backend CUDA: no CUDA device is visible (%s)", cudaGetErrorString(e));
     if (p->device < 0) RA_CUDA_TRY(cudaGetDevice(&p->device), "cudaGetDevice");
@@ -35,7 +35,7 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
              p->head_dim, unit);
     RA_CHECK(ra__cuda_dim_v_tile(p->head_dim_v) && p->head_dim_v % unit == 0,
              RINGATTN_ERR_UNSUPPORTED,
-             FN ": head_dim_v: got %d, expected a multiple of %d up to 128 on the CUDA backend",
+             FN ": head_dim_v: got %d, expected a multiple of %d up to 256 on the CUDA backend",
              p->head_dim_v, unit);
     RA_CHECK((p->block_q == 0 || p->block_q == QUERY_TILE) && p->block_k == 0,
              RINGATTN_ERR_UNSUPPORTED,
@@ -60,10 +60,7 @@ void cuda_workspace_destroy(struct ra_workspace *wsp)
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
     if (!ws) return;
-    if (ws->arena) {
-        ra_cuda_device_scope dev(ws->device);
-        cudaFree(ws->arena);
-    }
+    if (ws->arena) cudaFree(ws->arena);
     std::free(ws->keys);
     std::free(ws);
 }
@@ -109,9 +106,7 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         o_segs[(size_t)s] = place<ra_segment>(&at, (size_t)p->key_shards[s].num_segs);
         o_first[(size_t)s] = place<int32_t>(&at, (size_t)n + 1);
     }
-    ra_cuda_device_scope dev(ws->device);
-    ringattn_status_t st = dev.ok() ? ra__cuda_alloc(at, &ws->arena)
-                                    : ra__cuda_fail(cudaGetLastError(), "cudaSetDevice");
+    const ringattn_status_t st = ra__cuda_alloc(at, &ws->arena);
     if (st != RINGATTN_SUCCESS) {
         cuda_workspace_destroy((struct ra_workspace *)ws);
         return st;
@@ -184,9 +179,9 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
     RA_CHECK(!io->stats_only, RINGATTN_ERR_INTERNAL, "ringattn: CUDA: no backward stats pass yet");
+    RA_CHECK(ra__cuda_dim_v_blocks(p->head_dim_v) == 1 || (io->first && io->last),
+             RINGATTN_ERR_INTERNAL, "ringattn: CUDA: D_v = %d over several steps", p->head_dim_v);
     if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
-    ra_cuda_device_scope dev(ws->device);
-    if (!dev.ok()) return ra__cuda_fail(cudaGetLastError(), "cudaSetDevice");
     const int s = (int)(io->keys - p->key_shards);
     ra_fwd_tile_args a{};
     a.q = io->q->data, a.k = io->k->data, a.v = io->v->data;
@@ -215,25 +210,33 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
 
 } // namespace
 
-extern "C" const struct ra_backend ra__cuda_backend = {
-    /* .name = */ "cuda",
-    /* .kind = */ RINGATTN_BACKEND_CUDA,
-    /* .prepare = */ cuda_prepare,
-    /* .workspace_create = */ cuda_workspace_create,
-    /* .workspace_destroy = */ cuda_workspace_destroy,
-    /* .check_tensor = */ cuda_check_tensor,
-    /* .alloc = */ ra__cuda_alloc,
-    /* .free = */ ra__cuda_free,
-    /* .zero = */ ra__cuda_zero,
-    /* .copy = */ ra__cuda_copy,
-    /* .add_f32 = */ ra__cuda_add_f32,
-    /* .to_host = */ ra__cuda_to_host,
-    /* .from_host = */ ra__cuda_from_host,
-    /* .scan = */ ra__cuda_scan,
-    /* .merge = */ nullptr, // ringattn_merge_partials is host memory (the CPU's)
-    /* .event_record = */ ra__cuda_event_record,
-    /* .event_wait = */ ra__cuda_event_wait,
-    /* .attend_forward = */ cuda_attend_forward,
-    /* .backward_prologue = */ nullptr, // the backward kernels come next (forward only)
-    /* .attend_backward = */ nullptr,
-};
+// The table, filled by name (C++17 has no designated initializers; CMake does not know nvcc's
+// C++20 flags yet): a constant initialised when the library loads, before any call reads it.
+static ra_backend cuda_table()
+{
+    ra_backend b{};
+    b.name = "cuda";
+    b.kind = RINGATTN_BACKEND_CUDA;
+    b.prepare = cuda_prepare;
+    b.workspace_create = cuda_workspace_create;
+    b.workspace_destroy = cuda_workspace_destroy;
+    b.check_tensor = cuda_check_tensor;
+    b.set_device = ra__cuda_set_device;
+    b.alloc = ra__cuda_alloc;
+    b.free = ra__cuda_free;
+    b.zero = ra__cuda_zero;
+    b.copy = ra__cuda_copy;
+    b.add_f32 = ra__cuda_add_f32;
+    b.to_host = ra__cuda_to_host;
+    b.from_host = ra__cuda_from_host;
+    b.scan = ra__cuda_scan;
+    b.merge = nullptr; // ringattn_merge_partials is host memory (the CPU's)
+    b.event_record = ra__cuda_event_record;
+    b.event_wait = ra__cuda_event_wait;
+    b.attend_forward = cuda_attend_forward;
+    b.backward_prologue = nullptr; // the backward kernels come next (forward only)
+    b.attend_backward = nullptr;
+    return b;
+}
+
+extern "C" const struct ra_backend ra__cuda_backend = cuda_table();

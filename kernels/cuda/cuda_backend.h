@@ -1,5 +1,7 @@
 // The CUDA backend's host side (kernels/backend.h), shared by its files: the workspace -- the
 // plan's kernel params mirrored to the device once -- the error mapping, and the launchers.
+// The driver makes the plan's device current around everything it asks of the backend
+// (set_device), so none of this switches devices itself.
 // Compiled by nvcc for the GPU build and by g++ over the SIMT emulation for CI (device.cuh
 // chooses). Internal.
 #pragma once
@@ -48,26 +50,6 @@ static inline cudaStream_t ra__cuda_stream(void *stream)
     return stream ? (cudaStream_t)((ra_host_stream *)stream)->device : (cudaStream_t)0;
 }
 
-// Makes dev current for the scope, and puts the caller's device back after it.
-class ra_cuda_device_scope {
-  public:
-    explicit ra_cuda_device_scope(int dev)
-    {
-        if (dev >= 0 && cudaGetDevice(&prev_) == cudaSuccess && prev_ != dev)
-            ok_ = cudaSetDevice(dev) == cudaSuccess, set_ = ok_;
-    }
-    ~ra_cuda_device_scope()
-    {
-        if (set_) cudaSetDevice(prev_);
-    }
-    bool ok() const { return ok_; }
-
-  private:
-    int prev_ = -1;
-    bool ok_ = true, set_ = false;
-};
-
-
 // kernels/cuda/memory.cu: the backend's memory and element work.
 ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr);
 void ra__cuda_free(void *ptr);
@@ -80,3 +62,4 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *ws, const ra_kernel_params 
                                 const ra_scan_io *io, ra_scan *out);
 ringattn_status_t ra__cuda_event_record(void *event, void *stream);
 ringattn_status_t ra__cuda_event_wait(void *event, void *stream);
+int ra__cuda_set_device(int device);

@@ -24,7 +24,11 @@ struct ra_fwd_tile_args {
     const int32_t *work, *kseq_first;
     const int64_t *delta;      // [num_seqs] SPEC 2: L_k - L_q
     int tq, heads, kv_heads;   // tq: the local query rows (the state's and LSE's row count)
-    int d, dv;                 // the head dims, at most the kernel's tile dims (zeros beyond)
+    // the head dims: d at most the kernel's D tile (zeros beyond); dv split over gridDim.z
+    // blocks of the DV tile's columns each (zeros beyond), which recompute S: D_v = 256 as two
+    // blocks of 128, so that the P V accumulators fit the register file. With gridDim.z > 1
+    // one step only (first and last): the blocks of a row would race on its state.
+    int d, dv;
     ra_window window;          // SPEC 3, causal folded in
     float scale, softcap, inv_softcap; // softcap 0: off
     const float *alibi;        // [H] device memory, or NULL

@@ -17,7 +17,7 @@ constexpr int BQ = 64, BK = 16, THREADS = 2 * BQ;
 }
 
 template <int D, int DV>
-__global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
+__global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     constexpr int BQ = ra_fwd32::BQ, BK = ra_fwd32::BK, QS = D + 4; // Q rows padded: fewer conflicts
@@ -25,7 +25,11 @@ __global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     RA_DYNAMIC_SMEM(float, sm);
     float *sq = sm, *sk = sq + BQ * QS, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
+    // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile), this thread's
+    // half of them from c0
+    const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
     const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1, c0 = half * HALF;
+    const bool owner = half == 0 && blockIdx.z == 0; // writes the row statistics
     ra_span qtile;
     int64_t qb;
     query_tile(a, (int)blockIdx.x, BQ, &qtile, &qb);
@@ -60,14 +64,14 @@ __global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         m = a.m[at], l = a.l[at];
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (c0 + c < a.dv) acc[c] = a.acc[at * a.dv + c0 + c];
+            if (c0 + c < dv) acc[c] = a.acc[at * a.dv + v0 + c0 + c];
     }
     const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
     for_each_key_tile(a, qtile, rc.delta, BK, rc.bias, tmin, [&](const key_tile &kt) {
         const ra_segment &kseg = kt.seg;
         const int k0 = kt.k0, lk = (int)kseg.span.count;
         load(sk, D, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, D, a.d);
-        load(sv, DV, gv + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK, DV, a.dv);
+        load(sv, DV, gv + kseg.row * a.v_row + hk * a.v_head + v0, a.v_row, k0, lk, BK, DV, dv);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
@@ -91,10 +95,10 @@ __global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     });
     if (!rc.live) return;
     if (!a.last) {
-        if (half == 0) a.m[at] = m, a.l[at] = l;
+        if (owner) a.m[at] = m, a.l[at] = l;
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (c0 + c < a.dv) a.acc[at * a.dv + c0 + c] = acc[c];
+            if (c0 + c < dv) a.acc[at * a.dv + v0 + c0 + c] = acc[c];
         return;
     }
     // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
@@ -103,8 +107,8 @@ __global__ void __launch_bounds__(128) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
-        if (c0 + c < a.dv) o[c0 + c] = acc[c] * inv;
-    if (half == 0) a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
+        if (c0 + c < dv) o[v0 + c0 + c] = acc[c] * inv;
+    if (owner) a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
 }
 
 // Shared memory of ra_fwd_f32_kernel<D, DV>.

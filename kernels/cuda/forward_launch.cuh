@@ -1,7 +1,8 @@
 // The forward kernels' head-dim tiles and the dispatch over them (forward_tile.cu, forward_f32.cu
 // instantiate one kernel family each, so that nvcc builds them in parallel): D in {32, 64, 96,
-// 128, 256} and D_v in {32, 64, 96, 128}. A head dim between two tiles runs in the larger one
-// with zero columns (80 in 96; at D = 256, D_v = 32 in 64). Grid: (query tiles, heads).
+// 128, 256} and D_v in {32, 64, 96, 128} (above 128 in blocks of 128). A head dim between two
+// tiles runs in the larger one with zero columns (80 in 96; at D = 256, D_v = 32 in 64).
+// Grid: (query tiles, heads, blocks over D_v).
 #pragma once
 
 #include <type_traits>
@@ -17,18 +18,21 @@ inline int ra__cuda_dim_tile(int d)
     return 0;
 }
 
-// D_v = 256 needs 8 warps or a split over D_v (not built).
+// D_v above 128 runs in blocks of 128 columns (gridDim.z, forward_common.cuh).
 inline int ra__cuda_dim_v_tile(int dv)
 {
     const int t = ra__cuda_dim_tile(dv);
-    return t <= 128 ? t : 0;
+    return t <= 128 ? t : t ? 128 : 0;
 }
+
+// The blocks over D_v of each (query tile, head).
+inline int ra__cuda_dim_v_blocks(int dv) { return dv > 128 ? (dv + 127) / 128 : 1; }
 
 // Launcher<D, DV>::run(a, grid, stream) for the tiles of a.d and a.dv; 0 or a cudaError_t.
 template <template <int, int> class Launcher>
 int ra__cuda_dispatch_dims(const ra_fwd_tile_args &a, int tiles, cudaStream_t s)
 {
-    const dim3 grid((unsigned)tiles, (unsigned)a.heads);
+    const dim3 grid((unsigned)tiles, (unsigned)a.heads, (unsigned)ra__cuda_dim_v_blocks(a.dv));
     auto dv = [&](auto d) {
         constexpr int D = decltype(d)::value;
         switch (ra__cuda_dim_v_tile(a.dv)) {

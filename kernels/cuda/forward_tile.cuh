@@ -22,8 +22,8 @@
 
 namespace ra_fwd {
 
-// D up to 256; D_v up to 128 (at D_v = 256 the P V accumulators alone fill the register file:
-// that needs 8 warps or a split over D_v)
+// D up to 256; the DV tile up to 128 (at 256 the P V accumulators alone would fill the register
+// file: D_v = 256 runs as two blocks of 128 columns, forward_common.cuh)
 constexpr int BQ = 64, BK = 64, WARPS = 4;
 
 // The swizzled address of 16-bit element (row, col) of a tile of D columns: 16-byte chunks
@@ -65,7 +65,7 @@ __device__ __forceinline__ void shift_tile(uint16_t *tile, int n, int shift)
 
 // Grid: (the work list's query tiles, heads); 128 threads.
 template <int D, int DV>
-__global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
+__global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 {
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
@@ -80,6 +80,9 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                    *gv = static_cast<const uint16_t *>(a.v);
     const int64_t delta = a.delta[qtile.seq];
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile, forward_common.cuh)
+    const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
+    const bool owner = blockIdx.z == 0; // writes the row statistics
     const bool bf16 = a.bf16 != 0;
     const int qshift = q_shift(a);
 
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
             RA_UNROLL
             for (int c = 0; c < 2; ++c) {
                 const int col = n * 8 + 2 * t + c;
-                acc[n][2 * r + c] = carried && col < a.dv ? a.acc[at * a.dv + col] : 0.0f;
+                acc[n][2 * r + c] = carried && col < dv ? a.acc[at * a.dv + v0 + col] : 0.0f;
             }
     }
     const float tmin = a.thr_b ? block_min<WARPS>(fminf(rc[0].tb, rc[1].tb)) : INFINITY;
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         const ra_segment &kseg = kt.seg;
         const int k0 = kt.k0, lk = (int)kseg.span.count;
         load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, a.d);
-        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head, a.v_row, k0, lk, BK, a.dv);
+        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head + v0, a.v_row, k0, lk, BK, dv);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
@@ -217,28 +220,28 @@ __global__ void __launch_bounds__(128) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         if (rows[r] >= lq) continue;
         const int64_t at = (int64_t)h * a.tq + qb + rows[r];
         if (!a.last) {
-            if (t == 0) a.m[at] = m[r], a.l[at] = l[r];
+            if (t == 0 && owner) a.m[at] = m[r], a.l[at] = l[r];
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL
                 for (int c = 0; c < 2; ++c) {
                     const int col = n * 8 + 2 * t + c;
-                    if (col < a.dv) a.acc[at * a.dv + col] = acc[n][2 * r + c];
+                    if (col < dv) a.acc[at * a.dv + v0 + col] = acc[n][2 * r + c];
                 }
             continue;
         }
         // SPEC 4 finalise: an empty row gives O = 0 and LSE = -inf
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        uint16_t *o = static_cast<uint16_t *>(a.o) + (int64_t)(qb + rows[r]) * a.o_row +
+        uint16_t *o = static_cast<uint16_t *>(a.o) + v0 + (int64_t)(qb + rows[r]) * a.o_row +
                       (int64_t)h * a.o_head;
         RA_UNROLL
         for (int n = 0; n < DV / 8; ++n) {
-            if (n * 8 >= a.dv) break; // dv is a multiple of 8
+            if (n * 8 >= dv) break; // dv is a multiple of 8
             const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
             o[n * 8 + 2 * t] = (uint16_t)(pair & 0xffff);
             o[n * 8 + 2 * t + 1] = (uint16_t)(pair >> 16);
         }
-        if (t == 0) a.lse[at] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+        if (t == 0 && owner) a.lse[at] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
     }
 }
 

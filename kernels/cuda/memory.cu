@@ -162,6 +162,17 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params
     return RINGATTN_SUCCESS;
 }
 
+int ra__cuda_set_device(int device)
+{
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) return -1;
+    if (device >= 0 && device != previous && cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError(); // not sticky; the call's first runtime error will say more
+        return -1;
+    }
+    return previous;
+}
+
 ringattn_status_t ra__cuda_event_record(void *event, void *stream)
 {
     RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, ra__cuda_stream(stream)), "cudaEventRecord");

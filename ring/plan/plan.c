@@ -56,8 +56,10 @@ static int buffers_free_to_go(struct ringattn_plan *p)
 
 static void plan_free(struct ringattn_plan *p)
 {
+    const int previous = ra__device_enter(p);
     if (p->ws) p->be->workspace_destroy(p->ws);
     if (p->be && buffers_free_to_go(p)) ra__buffers_free(p);
+    ra__device_leave(p, previous);
     ra__select_free(p->select);
     for (int r = 0; p->shards && r < p->num_shards; ++r) ra__shard_free(&p->shards[r]);
     free(p->shards);
@@ -164,8 +166,11 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     p->device = p->kp.device; /* resolved: -1 became the current device */
     RA_TRY(ra__schedule_make(p));
     RA_TRY(ra__select_make(p));
-    RA_TRY(ra__buffers_make(p));
-    return be->workspace_create(&p->kp, &p->ws, &p->ws_bytes);
+    const int previous = ra__device_enter(p); /* the buffers live on the plan's device */
+    ringattn_status_t st = ra__buffers_make(p);
+    if (st == RINGATTN_SUCCESS) st = be->workspace_create(&p->kp, &p->ws, &p->ws_bytes);
+    ra__device_leave(p, previous);
+    return st;
 }
 
 ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,

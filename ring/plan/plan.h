@@ -53,6 +53,17 @@ static inline const ra_shard *ra__local_keys(const struct ringattn_plan *p)
     return &p->shards[p->ranks > 1 ? p->rank : 0];
 }
 
+/* The plan's device made current for the enclosed work (kernels/backend.h set_device): returns
+   the caller's, which ra__device_leave puts back. No-ops on the CPU. */
+static inline int ra__device_enter(const struct ringattn_plan *p)
+{
+    return p->be && p->be->set_device ? p->be->set_device(p->device) : -1;
+}
+static inline void ra__device_leave(const struct ringattn_plan *p, int previous)
+{
+    if (p->be && p->be->set_device && previous >= 0) p->be->set_device(previous);
+}
+
 /* A live plan made by ringattn_plan_create, else an error naming fn: NULL is
    RINGATTN_ERR_INVALID_ARGUMENT, anything else (destroyed, never made) INVALID_USAGE. Safe on
    any pointer. */

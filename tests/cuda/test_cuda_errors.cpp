@@ -64,8 +64,8 @@ TEST_CASE("CUDA: plans the kernels cannot run are refused with a message", "[cud
     const Bad bad[] = {
         {"head_dim 12 (bf16 loads 8 at a time)", [](AttnConfig &c) { c.D = 12; },
          RINGATTN_ERR_UNSUPPORTED, "head_dim: got 12"},
-        {"head_dim_v 256", [](AttnConfig &c) { c.Dv = 256; }, RINGATTN_ERR_UNSUPPORTED,
-         "head_dim_v: got 256"},
+        {"head_dim_v 20", [](AttnConfig &c) { c.Dv = 20; }, RINGATTN_ERR_UNSUPPORTED,
+         "head_dim_v: got 20"},
         {"a tile size", [](AttnConfig &c) { c.block_k = 32; }, RINGATTN_ERR_UNSUPPORTED,
          "block_q/block_k"},
     };

@@ -93,12 +93,14 @@ TEST_CASE("CUDA: random shapes, GQA ratios, logit options and storage", "[cuda]"
     }
 }
 
-TEST_CASE("CUDA: head dims 32, 64, 80, 128, 256 with D_v != D", "[cuda][dims]")
+TEST_CASE("CUDA: head dims 16 to 256 with D_v != D, D_v up to 256", "[cuda][dims]")
 {
     struct Dims {
         int d, dv;
     };
-    const Dims dims[] = {{32, 64}, {64, 32}, {80, 80}, {80, 48}, {128, 96}, {256, 128}, {16, 8}};
+    // D_v above 128 runs as two blocks of columns per tile: 256 and 136 (the second 8 wide)
+    const Dims dims[] = {{32, 64},  {64, 32},   {80, 80},   {80, 48}, {128, 96},
+                         {256, 128}, {256, 256}, {64, 136}, {16, 8}};
     uint64_t seed = seed_for("cuda dims", 0);
     for (ringattn_dtype_t dt : all_dtypes)
         for (const Dims &d : dims) {
