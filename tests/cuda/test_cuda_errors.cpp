@@ -82,7 +82,7 @@ TEST_CASE("CUDA: plans the kernels cannot run are refused with a message", "[cud
     d.device = 7;
     ringattn_plan_t p = nullptr;
     CHECK(ringattn_plan_create(nullptr, &d, &p) == RINGATTN_ERR_INVALID_ARGUMENT);
-    CHECK(has(ringattn_last_error(), "device: got 7"));
+    CHECK(has(ringattn_last_error(), "device: got 7, expected -1 or a device ordinal below"));
     CHECK(p == nullptr);
 }
 
@@ -184,6 +184,50 @@ TEST_CASE("CUDA: a call enqueues on the caller's stream and returns without wait
         CHECK(std::isfinite(first));
     }
     CHECK(destroy(stream) == 0);
+}
+
+TEST_CASE("CUDA: a plan on another device than the current one works there and puts it back",
+          "[cuda][device]")
+{
+    using count_fn = int (*)(int *);
+    using set_fn = int (*)(int);
+    int n = 0;
+    REQUIRE(runtime<count_fn>("cudaGetDeviceCount")(&n) == 0);
+    if (n < 2) {
+        SUCCEED("one device: nothing to switch between");
+        return;
+    }
+    const auto get = runtime<count_fn>("cudaGetDevice");
+    const auto set = runtime<set_fn>("cudaSetDevice");
+    std::mt19937_64 rng(seed_for("cuda device", 0));
+    AttnConfig c = small();
+    Problem pb(c, Storage::Packed, rng);
+    REQUIRE(set(1) == 0);
+    (void)pb.tensors(); // the tests' device copies made on device 1
+    REQUIRE(set(0) == 0);
+    ringattn_plan_desc_t d = make_desc(c);
+    d.device = 1;
+    ringattn_plan_t p = nullptr;
+    REQUIRE(ringattn_plan_create(nullptr, &d, &p) == RINGATTN_SUCCESS);
+    int cur = -1;
+    CHECK((get(&cur) == 0 && cur == 0)); // plan creation put the caller's device back
+    ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
+    REQUIRE(ringattn_plan_get_info(p, &info) == RINGATTN_SUCCESS);
+    CHECK(info.device == 1);
+    pb.poison_forward_outputs();
+    ringattn_tensors_t t = pb.tensors();
+    CHECK(ringattn_forward(p, &t, nullptr) == RINGATTN_SUCCESS);
+    INFO(ringattn_last_error());
+    CHECK((get(&cur) == 0 && cur == 0)); // and so did the call
+    pb.from_device();
+    CHECK(std::isfinite(pb.lse[0]));
+    // the same plan with device 0's memory is refused, naming both devices
+    Problem other(c, Storage::Packed, rng);
+    t = other.tensors();
+    CHECK(ringattn_forward(p, &t, nullptr) == RINGATTN_ERR_CUDA);
+    CHECK(has(ringattn_last_error(), "got memory of device 0, expected device 1"));
+    CHECK(ringattn_plan_destroy(p) == RINGATTN_SUCCESS);
+    CHECK((get(&cur) == 0 && cur == 0));
 }
 
 TEST_CASE("CUDA: a device fault is RINGATTN_ERR_CUDA with a message, never an abort", "[cuda][errors]")

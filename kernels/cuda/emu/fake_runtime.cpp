@@ -38,7 +38,12 @@ namespace {
 
 std::recursive_mutex mu; // the emulated device: one stream operation at a time
 std::vector<ra_emu_stream *> streams; // live streams by id; [0] is the default stream
-std::map<void *, size_t> allocations;
+struct Allocation { size_t bytes; int device; };
+std::map<void *, Allocation> allocations;
+// Two devices of one kind, so that a plan on another device than the caller's current one is
+// testable; streams and launches are shared (the emulation has one executor).
+constexpr int device_count = 2;
+thread_local int current_device = 0;
 std::map<const void *, int> smem_optin; // kernel -> its opt-in bytes
 constexpr size_t default_smem = 48 * 1024;
 ra_emu::Drain drain_policy = ra_emu::Drain::in_order;
@@ -172,7 +177,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
     if (!m) return note(cudaErrorMemoryAllocation);
     std::memset(m, 0xff, bytes); // fresh device memory reads NaN, as a poisoned test expects
     std::lock_guard<std::recursive_mutex> lk(mu);
-    allocations[m] = bytes;
+    allocations[m] = Allocation{bytes, current_device};
     *p = m;
     return cudaSuccess;
 }
@@ -190,13 +195,13 @@ cudaError_t cudaFree(void *p)
 namespace {
 
 // The allocation holding [p, p + bytes), or allocations.end().
-std::map<void *, size_t>::iterator allocation_of(const void *p, size_t bytes)
+std::map<void *, Allocation>::iterator allocation_of(const void *p, size_t bytes)
 {
     auto it = allocations.upper_bound(const_cast<void *>(p));
     if (it == allocations.begin()) return allocations.end();
     --it;
     const char *base = static_cast<const char *>(it->first), *q = static_cast<const char *>(p);
-    return q >= base && q + bytes <= base + it->second ? it : allocations.end();
+    return q >= base && q + bytes <= base + it->second.bytes ? it : allocations.end();
 }
 
 } // namespace
@@ -205,9 +210,11 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
 {
     if (!a) return note(cudaErrorInvalidValue);
     std::lock_guard<std::recursive_mutex> lk(mu);
-    const bool dev = p && allocation_of(p, 1) != allocations.end();
+    const auto it = p ? allocation_of(p, 1) : allocations.end();
+    const bool dev = it != allocations.end();
     *a = cudaPointerAttributes{dev ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered,
-                               dev ? 0 : -2, dev ? const_cast<void *>(p) : nullptr, nullptr};
+                               dev ? it->second.device : -2, dev ? const_cast<void *>(p) : nullptr,
+                               nullptr};
     return cudaSuccess;
 }
 
@@ -274,11 +281,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
     return cudaSuccess;
 }
 
-cudaError_t cudaEventDestroy(cudaEvent_t e)
-{
-    delete e;
-    return cudaSuccess;
-}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
@@ -360,13 +363,18 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
     return stream_of(s)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
-cudaError_t cudaGetDeviceCount(int *n) { return *n = 1, cudaSuccess; }
-cudaError_t cudaGetDevice(int *d) { return *d = 0, cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : note(cudaErrorInvalidValue); }
+cudaError_t cudaGetDeviceCount(int *n) { return *n = device_count, cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { return *d = current_device, cudaSuccess; }
+cudaError_t cudaSetDevice(int d)
+{
+    if (d < 0 || d >= device_count) return note(cudaErrorInvalidValue);
+    current_device = d;
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
-    if (!p || device != 0) return note(cudaErrorInvalidValue);
+    if (!p || device < 0 || device >= device_count) return note(cudaErrorInvalidValue);
     *p = cudaDeviceProp{};
     std::snprintf(p->name, sizeof p->name, "NVIDIA H200 (ringattn SIMT emulation)");
     p->totalGlobalMem = (size_t)141 << 30;

@@ -4,7 +4,9 @@
 // event or device synchronisation, a blocking copy) in the order of a drain policy. Two streams
 // without an event between them then run in different orders under different policies, and a
 // missing event shows as a bitwise difference. Device properties are an H200's; launches check
-// the 227 KiB dynamic shared-memory limit. Included by cuda_emu.h.
+// the 227 KiB dynamic shared-memory limit. Two such devices: each allocation belongs to the
+// calling thread's current one (cudaSetDevice), while streams and launches are shared. Included
+// by cuda_emu.h.
 #pragma once
 
 #include <cstddef>
