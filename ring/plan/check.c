@@ -165,7 +165,7 @@ static ringattn_status_t check_backend(const ringattn_plan_desc_t *d,
 #endif
     }
     /* AUTO is the CPU: a plan is made before any tensor is seen, and nothing tells a device
-       pointer from a host one reliably in every program (DESIGN: backends) */
+       pointer from a host one reliably in every program (DESIGN: the plan) */
     RA_CHECK(d->device <= 0, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": device: got %d, expected -1 or 0 for the CPU backend", d->device);
     *backend = &ra__cpu_backend;
