@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define FN "ringattn_plan_create"
@@ -48,13 +49,18 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
     return RINGATTN_SUCCESS;
 }
 
-// Bytes of n elements of T at 256-byte alignment, appended to an arena layout.
-template <class T> size_t place(size_t *at, size_t n)
-{
-    const size_t here = (*at + 255) & ~(size_t)255;
-    *at = here + n * sizeof(T);
-    return here;
-}
+// The host image of the workspace's one device allocation: each array at a 256-byte boundary
+// (place returns its offset), copied to the device in one transfer.
+struct arena_image {
+    std::vector<char> bytes;
+    size_t place(const void *src, size_t n)
+    {
+        const size_t at = (bytes.size() + 255) & ~(size_t)255;
+        bytes.resize(at + n); // zeros where src is NULL
+        if (src && n) std::memcpy(bytes.data() + at, src, n);
+        return at;
+    }
+};
 
 void cuda_workspace_destroy(struct ra_workspace *wsp)
 {
@@ -87,63 +93,50 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         std::free(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     }
-    std::vector<int32_t> work;
+    // delta, alibi, the scan's maxima, query segments, work, then each key shard's arrays
+    const size_t n = (size_t)p->num_seqs, shards = (size_t)p->num_key_shards;
+    arena_image img;
+    size_t o_delta = 0, o_alibi = 0, o_abs = 0, o_q = 0, o_work = 0;
+    std::vector<size_t> o_segs(shards), o_first(shards);
     try {
-        work = query_tiles(p->queries);
+        const std::vector<int32_t> work = query_tiles(p->queries);
+        ws->tiles = (int)(work.size() / 2);
+        o_delta = img.place(p->delta, n * sizeof(int64_t));
+        o_alibi = img.place(p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0);
+        o_abs = img.place(nullptr, 2 * sizeof(float));
+        o_q = img.place(p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment));
+        o_work = img.place(work.data(), work.size() * sizeof(int32_t));
+        for (size_t s = 0; s < shards; ++s) {
+            const ra_shard *k = &p->key_shards[s];
+            o_segs[s] = img.place(k->segs, (size_t)k->num_segs * sizeof(ra_segment));
+            o_first[s] = img.place(k->seq_first, (n + 1) * sizeof(int32_t));
+        }
     } catch (...) {
         cuda_workspace_destroy((struct ra_workspace *)ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     }
-    ws->tiles = (int)(work.size() / 2);
-    // one arena: delta, alibi, absmax, query segments, work, then each key shard's arrays
-    const int n = p->num_seqs;
-    size_t at = 0;
-    const size_t o_delta = place<int64_t>(&at, (size_t)n), o_alibi = place<float>(&at, p->alibi ? p->num_heads : 0),
-                 o_abs = place<float>(&at, 2), o_q = place<ra_segment>(&at, (size_t)p->queries->num_segs),
-                 o_work = place<int32_t>(&at, work.size());
-    std::vector<size_t> o_segs((size_t)p->num_key_shards), o_first((size_t)p->num_key_shards);
-    for (int s = 0; s < p->num_key_shards; ++s) {
-        o_segs[(size_t)s] = place<ra_segment>(&at, (size_t)p->key_shards[s].num_segs);
-        o_first[(size_t)s] = place<int32_t>(&at, (size_t)n + 1);
+    ringattn_status_t st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
+    if (st == RINGATTN_SUCCESS) {
+        const cudaError_t e = cudaMemcpy(ws->arena, img.bytes.data(), img.bytes.size(),
+                                         cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) st = ra__cuda_fail(e, "cudaMemcpy of the plan's arrays");
     }
-    const ringattn_status_t st = ra__cuda_alloc(at, &ws->arena);
     if (st != RINGATTN_SUCCESS) {
         cuda_workspace_destroy((struct ra_workspace *)ws);
         return st;
     }
     char *base = static_cast<char *>(ws->arena);
-    ws->bytes = at;
+    ws->bytes = img.bytes.size();
     ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
     ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
     ws->absmax = reinterpret_cast<float *>(base + o_abs);
     ws->qsegs = reinterpret_cast<const ra_segment *>(base + o_q);
     ws->work = reinterpret_cast<const int32_t *>(base + o_work);
-    struct Copy {
-        size_t to;
-        const void *from;
-        size_t bytes;
-    };
-    std::vector<Copy> copies = {{o_delta, p->delta, (size_t)n * sizeof(int64_t)},
-                                {o_alibi, p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0},
-                                {o_q, p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment)},
-                                {o_work, work.data(), work.size() * sizeof(int32_t)}};
-    for (int s = 0; s < p->num_key_shards; ++s) {
-        const ra_shard *k = &p->key_shards[s];
-        ws->keys[s] = ra_cuda_keys{reinterpret_cast<const ra_segment *>(base + o_segs[(size_t)s]),
-                                   reinterpret_cast<const int32_t *>(base + o_first[(size_t)s])};
-        copies.push_back({o_segs[(size_t)s], k->segs, (size_t)k->num_segs * sizeof(ra_segment)});
-        copies.push_back({o_first[(size_t)s], k->seq_first, ((size_t)n + 1) * sizeof(int32_t)});
-    }
-    for (const Copy &c : copies) {
-        const cudaError_t e = c.bytes ? cudaMemcpy(base + c.to, c.from, c.bytes, cudaMemcpyHostToDevice)
-                                      : cudaSuccess;
-        if (e != cudaSuccess) {
-            cuda_workspace_destroy((struct ra_workspace *)ws);
-            return ra__cuda_fail(e, "cudaMemcpy of the plan's arrays");
-        }
-    }
+    for (size_t s = 0; s < shards; ++s)
+        ws->keys[s] = ra_cuda_keys{reinterpret_cast<const ra_segment *>(base + o_segs[s]),
+                                   reinterpret_cast<const int32_t *>(base + o_first[s])};
     *out = (struct ra_workspace *)ws;
-    *bytes = at;
+    *bytes = ws->bytes;
     return RINGATTN_SUCCESS;
 }
 

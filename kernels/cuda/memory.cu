@@ -60,6 +60,12 @@ unsigned blocks_for(size_t n)
     return (unsigned)(b < 4096 ? (b ? b : 1) : 4096); // grid-stride loops past that
 }
 
+// The offset in elements of element i of a rows x heads x dim walk (row-major) over view v.
+__device__ __forceinline__ int64_t walk_at(const ra_view &v, int64_t i, int heads, int dim)
+{
+    return i / ((int64_t)heads * dim) * v.row + i / dim % heads * v.head + i % dim;
+}
+
 // rows x heads x dim elements, one thread per element (grid-stride): a plain copy of 16-bit or
 // 32-bit elements, or float32 into the 16-bit dtype (bf16: to_bf16).
 __global__ void copy_kernel(ra_view src, ra_view dst, int64_t rows, int heads, int dim, int convert,
@@ -68,8 +74,7 @@ __global__ void copy_kernel(ra_view src, ra_view dst, int64_t rows, int heads, i
     const int64_t n = rows * heads * dim;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / ((int64_t)heads * dim), h = i / dim % heads, c = i % dim;
-        const int64_t so = t * src.row + h * src.head + c, d = t * dst.row + h * dst.head + c;
+        const int64_t so = walk_at(src, i, heads, dim), d = walk_at(dst, i, heads, dim);
         if (convert)
             reinterpret_cast<uint16_t *>(dst.data)[d] = (uint16_t)(
                 ra_pack_16x2(to_bf16 != 0, reinterpret_cast<const float *>(src.data)[so], 0.0f) &
@@ -98,8 +103,7 @@ __global__ void absmax_kernel(ra_view v, int64_t rows, int heads, int dim, unsig
     unsigned best = 0;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / ((int64_t)heads * dim), h = i / dim % heads, c = i % dim;
-        const int64_t at = t * v.row + h * v.head + c;
+        const int64_t at = walk_at(v, i, heads, dim);
         const unsigned bits = v.elem == 4 ? reinterpret_cast<const unsigned *>(v.data)[at]
                                           : (unsigned)reinterpret_cast<const uint16_t *>(v.data)[at] << 16;
         const unsigned mag = bits & 0x7fffffffu;
