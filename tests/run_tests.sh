@@ -36,11 +36,11 @@ fi
 cmake --build "$build" -j "$jobs"
 
 status=0
-(cd "$build" && ctest --output-on-failure --no-tests=error) || status=$?
 
-# The CUDA build, wherever nvcc is: the same library with the kernels compiled by nvcc for sm_80
+# The CUDA build first, wherever nvcc is (so that the main suite's summary is the last thing
+# printed): the same library with the kernels compiled by nvcc for sm_80
 # and sm_90 (a register spill is a build error), linked, and its GPU tests, which skip with the
-# reason printed when no GPU is visible. The emulated CUDA backend ran above in every build.
+# reason printed when no GPU is visible. The emulated CUDA backend runs in the main suite below.
 nvcc_bin="$(command -v nvcc || true)"
 [[ -z "$nvcc_bin" && -x /usr/local/cuda/bin/nvcc ]] && nvcc_bin=/usr/local/cuda/bin/nvcc
 if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
@@ -51,6 +51,8 @@ if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
     cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_forward test_cuda_errors
     (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
-    echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend ran above)"
+    echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend runs below)"
 fi
+
+(cd "$build" && ctest --output-on-failure --no-tests=error) || status=$?
 exit "$status"
