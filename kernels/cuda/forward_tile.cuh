@@ -24,7 +24,10 @@ namespace ra_fwd {
 
 // D up to 256; the DV tile up to 128 (at 256 the P V accumulators alone would fill the register
 // file: D_v = 256 runs as two blocks of 128 columns, forward_common.cuh)
-constexpr int BQ = 64, BK = 64, WARPS = 4;
+constexpr int BQ = 64, WARPS = 4;
+// Keys per tile: 64, and 32 at D = 256 or D_v = 128, where S of 64 keys beside the
+// accumulators and both parts of P (split_p) would spill (backend.cu reports it as block_k).
+constexpr int keys_per_tile(int d, int dv) { return d >= 256 || dv >= 128 ? 32 : 64; }
 
 // The swizzled address of 16-bit element (row, col) of a tile of D columns: 16-byte chunks
 // permuted within each group of 8 by chunk ^ (row % 8) (a tail group of 4 or 2 chunks, as at
@@ -61,6 +64,18 @@ __device__ __forceinline__ void shift_tile(uint16_t *tile, int n, int shift)
                                           0.0f) & 0xffffu);
 }
 
+// Two probabilities as an A-fragment pair rounded to 16 bits; x0 and x1 become what that
+// rounding lost (the second part of P, rounded again later: the two carry P to about twice the
+// 16-bit precision).
+__device__ __forceinline__ uint32_t split_p(bool bf16, float &x0, float &x1)
+{
+    const uint32_t hi = ra_pack_16x2(bf16, x0, x1);
+    const uint16_t h0 = (uint16_t)(hi & 0xffffu), h1 = (uint16_t)(hi >> 16);
+    x0 -= bf16 ? ra__bf16_to_f32(h0) : ra__f16_to_f32(h0);
+    x1 -= bf16 ? ra__bf16_to_f32(h1) : ra__f16_to_f32(h1);
+    return hi;
+}
+
 } // namespace ra_fwd
 
 // Grid: (the work list's query tiles, heads); 128 threads.
@@ -70,6 +85,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
+    constexpr int BK = D >= 256 || DV >= 128 ? 32 : 64; // keys_per_tile(D, DV)
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     ra_span qtile;
@@ -196,13 +212,12 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 RA_UNROLL
                 for (int c = 0; c < 2; ++c) acc[n][2 * r + c] *= alpha;
         }
-        // acc += P V: P's accumulators are the A fragments, V through ldmatrix.trans
-        RA_UNROLL
-        for (int j = 0; j < BK / 16; ++j) {
-            const uint32_t pa[4] = {ra_pack_16x2(bf16, s[2 * j][0], s[2 * j][1]),
-                                    ra_pack_16x2(bf16, s[2 * j][2], s[2 * j][3]),
-                                    ra_pack_16x2(bf16, s[2 * j + 1][0], s[2 * j + 1][1]),
-                                    ra_pack_16x2(bf16, s[2 * j + 1][2], s[2 * j + 1][3])};
+        // acc += P V: P's accumulators are the A fragments, V through ldmatrix.trans. P in two
+        // 16-bit parts, the rounded P and then what its rounding lost (split_p), so that O
+        // carries no rounding of P beyond a plain float32 implementation's (SPEC 9: the
+        // backward's D_i = dO . O inherits O's error). One part's fragments live at a time
+        // (V's fragments are loaded twice): the D_v = 128 tiles do not spill.
+        auto pv = [&](int j, const uint32_t pa[4]) {
             RA_UNROLL
             for (int dp = 0; dp < DV / 16; ++dp) {
                 uint32_t vb[4];
@@ -211,6 +226,18 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 ra_mma_16816(bf16, acc[2 * dp], pa, vb, acc[2 * dp]);
                 ra_mma_16816(bf16, acc[2 * dp + 1], pa, vb + 2, acc[2 * dp + 1]);
             }
+        };
+        RA_UNROLL
+        for (int j = 0; j < BK / 16; ++j) {
+            uint32_t pa[4];
+            RA_UNROLL
+            for (int f = 0; f < 4; ++f) // fragment f: n-tile 2j + f / 2, rows 2 (f % 2) + {0, 1}
+                pa[f] = split_p(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
+            pv(j, pa);
+            RA_UNROLL
+            for (int f = 0; f < 4; ++f)
+                pa[f] = ra_pack_16x2(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
+            pv(j, pa);
         }
         __syncthreads(); // the next tiles overwrite sk and sv
     });
@@ -248,5 +275,5 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 // Shared memory of ra_fwd_tile_kernel<D, DV>: Q, K and V tiles.
 constexpr size_t ra_fwd_tile_smem(int d, int dv)
 {
-    return ((size_t)(ra_fwd::BQ + ra_fwd::BK) * d + (size_t)ra_fwd::BK * dv) * 2;
+    return ((size_t)(ra_fwd::BQ + ra_fwd::keys_per_tile(d, dv)) * d + (size_t)ra_fwd::keys_per_tile(d, dv) * dv) * 2;
 }
