@@ -35,7 +35,8 @@ typedef struct ra_scan {
     float q_absmax, k_absmax; /* max |element| (NaN when an element is NaN) */
     int64_t lossy_rows;       /* (head, row) pairs with ra__lse_lossy(LSE) */
     int on_device;            /* the maxima stay on the device, where the kernels decide SPEC 9's
-                                 scaling (no host wait); the values above are then unset */
+                                 scaling (no host wait); the values above are then unset, and
+                                 a backward's stats pass decides per tile which rows are lossy */
 } ra_scan;
 
 /* SPEC 5 merge of n normalised partials (views of [rows, heads, dim]) into out / out_lse. */

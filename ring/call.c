@@ -36,7 +36,7 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
     if (local == RINGATTN_SUCCESS && scan.on_device) { /* the kernels decide (one rank only) */
         RA_CHECK(p->comm == NULL, RINGATTN_ERR_INTERNAL, "%s: a device scan in a ring", fn);
         c->scale_q_first = 0;
-        c->recompute = 0;
+        c->recompute = backward; /* the stats pass runs where some row's LSE is lossy */
         return RINGATTN_SUCCESS;
     }
     if (p->comm) { /* MIN of {-max |K|, -lossy}: the ring's max, any lossy */

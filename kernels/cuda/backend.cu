@@ -44,8 +44,10 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
                 "whose tiles are fixed by its kernels",
              p->block_q, p->block_k, QUERY_TILE);
     p->block_q = QUERY_TILE;
-    p->block_k = f32 ? 16 : 64;
-    p->keys_block = p->block_k;
+    // the tile kernel's keys per tile (forward_tile.cuh, keys_per_tile)
+    const int wide = ra__cuda_dim_tile(p->head_dim) >= 256 || ra__cuda_dim_v_tile(p->head_dim_v) >= 128;
+    p->block_k = f32 ? 16 : wide ? 32 : 64;
+    p->keys_block = ra__cuda_bwd_tile(p->head_dim, p->head_dim_v);
     return RINGATTN_SUCCESS;
 }
 
@@ -67,16 +69,17 @@ void cuda_workspace_destroy(struct ra_workspace *wsp)
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
     if (!ws) return;
     if (ws->arena) cudaFree(ws->arena);
+    if (ws->rows) cudaFree(ws->rows);
     std::free(ws->keys);
     std::free(ws);
 }
 
-// The query tiles of the local queries: (segment, first index) pairs, 64 rows each.
-std::vector<int32_t> query_tiles(const ra_shard *q)
+// The tiles of a shard's segments: (segment, first index) pairs of `rows` rows each.
+std::vector<int32_t> shard_tiles(const ra_shard *sh, int rows)
 {
     std::vector<int32_t> work;
-    for (int i = 0; i < q->num_segs; ++i)
-        for (int64_t t0 = 0; t0 < q->segs[i].span.count; t0 += QUERY_TILE)
+    for (int i = 0; i < sh->num_segs; ++i)
+        for (int64_t t0 = 0; t0 < sh->segs[i].span.count; t0 += rows)
             work.push_back(i), work.push_back((int32_t)t0);
     return work;
 }
@@ -96,26 +99,32 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     // delta, alibi, the scan's maxima, query segments, work, then each key shard's arrays
     const size_t n = (size_t)p->num_seqs, shards = (size_t)p->num_key_shards;
     arena_image img;
-    size_t o_delta = 0, o_alibi = 0, o_abs = 0, o_q = 0, o_work = 0;
-    std::vector<size_t> o_segs(shards), o_first(shards);
+    size_t o_delta = 0, o_alibi = 0, o_abs = 0, o_q = 0, o_work = 0, o_qfirst = 0;
+    std::vector<size_t> o_segs(shards), o_first(shards), o_kwork(shards);
     try {
-        const std::vector<int32_t> work = query_tiles(p->queries);
+        const std::vector<int32_t> work = shard_tiles(p->queries, QUERY_TILE);
         ws->tiles = (int)(work.size() / 2);
         o_delta = img.place(p->delta, n * sizeof(int64_t));
         o_alibi = img.place(p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0);
         o_abs = img.place(nullptr, 2 * sizeof(float));
         o_q = img.place(p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment));
         o_work = img.place(work.data(), work.size() * sizeof(int32_t));
+        o_qfirst = img.place(p->queries->seq_first, (n + 1) * sizeof(int32_t));
         for (size_t s = 0; s < shards; ++s) {
             const ra_shard *k = &p->key_shards[s];
             o_segs[s] = img.place(k->segs, (size_t)k->num_segs * sizeof(ra_segment));
             o_first[s] = img.place(k->seq_first, (n + 1) * sizeof(int32_t));
+            const std::vector<int32_t> kwork = shard_tiles(k, p->keys_block);
+            o_kwork[s] = img.place(kwork.data(), kwork.size() * sizeof(int32_t));
+            ws->keys[s].tiles = (int)(kwork.size() / 2);
         }
     } catch (...) {
         cuda_workspace_destroy((struct ra_workspace *)ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     }
+    const size_t row_bytes = 3 * (size_t)p->num_heads * (size_t)p->queries->rows * sizeof(float);
     ringattn_status_t st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
+    if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
     if (st == RINGATTN_SUCCESS) {
         const cudaError_t e = cudaMemcpy(ws->arena, img.bytes.data(), img.bytes.size(),
                                          cudaMemcpyHostToDevice);
@@ -126,7 +135,8 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         return st;
     }
     char *base = static_cast<char *>(ws->arena);
-    ws->bytes = img.bytes.size();
+    ws->bytes = img.bytes.size() + row_bytes;
+    ws->qseq_first = reinterpret_cast<const int32_t *>(base + o_qfirst);
     ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
     ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
     ws->absmax = reinterpret_cast<float *>(base + o_abs);
@@ -134,7 +144,9 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     ws->work = reinterpret_cast<const int32_t *>(base + o_work);
     for (size_t s = 0; s < shards; ++s)
         ws->keys[s] = ra_cuda_keys{reinterpret_cast<const ra_segment *>(base + o_segs[s]),
-                                   reinterpret_cast<const int32_t *>(base + o_first[s])};
+                                   reinterpret_cast<const int32_t *>(base + o_first[s]),
+                                   reinterpret_cast<const int32_t *>(base + o_kwork[s]),
+                                   ws->keys[s].tiles};
     *out = (struct ra_workspace *)ws;
     *bytes = ws->bytes;
     return RINGATTN_SUCCESS;
@@ -166,22 +178,18 @@ ringattn_status_t cuda_check_tensor(const struct ra_workspace *wsp, const char *
     return RINGATTN_SUCCESS;
 }
 
-// One forward step (params.h): the local queries against the held shard, on the call's stream.
-ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_params *p,
-                                      const ra_fwd_io *io)
+// The logit's and the mask's part of a step's kernel arguments (both directions): the local
+// queries' Q against the held shard's K, V (keys, one of the params' key shards).
+ra_fwd_tile_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra_view *q,
+                           const ra_view *k, const ra_view *v, const ra_shard *keys,
+                           const ra_dyn_io *dyn, const float *lse)
 {
-    ra_cuda_ws *ws = ra__cuda_ws(wsp);
-    RA_CHECK(!io->stats_only, RINGATTN_ERR_INTERNAL, "ringattn: CUDA: no backward stats pass yet");
-    RA_CHECK(ra__cuda_dim_v_blocks(p->head_dim_v) == 1 || (io->first && io->last),
-             RINGATTN_ERR_INTERNAL, "ringattn: CUDA: D_v = %d over several steps", p->head_dim_v);
-    if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
-    const int s = (int)(io->keys - p->key_shards);
+    const int s = (int)(keys - p->key_shards);
     ra_fwd_tile_args a{};
-    a.q = io->q->data, a.k = io->k->data, a.v = io->v->data;
-    a.q_row = io->q->row, a.q_head = io->q->head, a.k_row = io->k->row, a.k_head = io->k->head;
-    a.v_row = io->v->row, a.v_head = io->v->head;
-    a.o = io->o->data, a.o_row = io->o->row, a.o_head = io->o->head, a.lse = io->lse;
-    a.m = io->m, a.l = io->l, a.acc = io->acc;
+    a.q = q->data, a.k = k->data, a.v = v->data;
+    a.q_row = q->row, a.q_head = q->head, a.k_row = k->row, a.k_head = k->head;
+    a.v_row = v->row, a.v_head = v->head;
+    a.lse = const_cast<float *>(lse);
     a.qsegs = ws->qsegs, a.work = ws->work;
     a.ksegs = ws->keys[s].segs, a.kseq_first = ws->keys[s].seq_first, a.delta = ws->delta;
     a.tq = (int)p->queries->rows, a.heads = p->num_heads, a.kv_heads = p->num_kv_heads;
@@ -190,14 +198,94 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
     a.scale = p->scale, a.softcap = p->softcap;
     a.inv_softcap = p->softcap > 0.0f ? 1.0f / p->softcap : 0.0f;
     a.alibi = ws->alibi;
-    a.bias = io->dyn.bias, a.bias_ld = io->dyn.ld, a.bias_heads = p->bias_heads;
-    a.thr_b = io->dyn.thr_b, a.thr_p = io->dyn.thr_p;
+    a.bias = dyn->bias, a.bias_ld = dyn->ld, a.bias_heads = p->bias_heads;
+    a.thr_b = dyn->thr_b, a.thr_p = dyn->thr_p;
     a.absmax = p->dtype == RINGATTN_FLOAT16 ? nullptr : ws->absmax;
-    a.first = io->first, a.last = io->last, a.bf16 = p->dtype == RINGATTN_BFLOAT16;
+    a.bf16 = p->dtype == RINGATTN_BFLOAT16;
+    return a;
+}
+
+// The backward's own arguments: the prologue's row arrays, the query segments by sequence.
+ra_bwd_args backward_args(const ra_cuda_ws *ws, const ra_kernel_params *p, ra_fwd_tile_args f)
+{
+    ra_bwd_args a{};
+    a.f = f;
+    const size_t n = (size_t)p->num_heads * (size_t)p->queries->rows;
+    a.drow = ws->rows, a.pshift = ws->rows + n, a.pscale = ws->rows + 2 * n;
+    a.dtype = p->dtype == RINGATTN_FLOAT32 ? 0 : p->dtype == RINGATTN_BFLOAT16 ? 1 : 2;
+    a.qseq_first = ws->qseq_first;
+    a.bq = a.bk = p->keys_block;
+    return a;
+}
+
+// One forward step (params.h): the local queries against the held shard, on the call's stream;
+// with stats_only the SPEC 9 recomputation of the backward ((m, l) of the tiles holding a
+// lossy row: the kernels decide which, from LSE).
+ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                      const ra_fwd_io *io)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
+    ra_fwd_tile_args a = step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn, io->lse);
+    a.m = io->m, a.l = io->l, a.acc = io->acc;
+    a.first = io->first, a.last = io->last;
     const cudaStream_t stream = ra__cuda_stream(io->stream);
+    if (io->stats_only) {
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_stats(backward_args(ws, p, a), ws->tiles, stream),
+                    "backward stats launch");
+        return RINGATTN_SUCCESS;
+    }
+    RA_CHECK(ra__cuda_dim_v_blocks(p->head_dim_v) == 1 || (io->first && io->last),
+             RINGATTN_ERR_INTERNAL, "ringattn: CUDA: D_v = %d over several steps", p->head_dim_v);
+    a.o = io->o->data, a.o_row = io->o->row, a.o_head = io->o->head;
     const int st = p->dtype == RINGATTN_FLOAT32 ? ra__cuda_forward_f32(a, ws->tiles, stream)
                                                 : ra__cuda_forward_tile(a, ws->tiles, stream);
     RA_CUDA_TRY((cudaError_t)st, "forward kernel launch");
+    return RINGATTN_SUCCESS;
+}
+
+// The backward's prologue, once per call (params.h).
+ringattn_status_t cuda_backward_prologue(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                         const ra_bwd_prologue_io *io)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    if (p->queries->rows == 0) return RINGATTN_SUCCESS;
+    ra_fwd_tile_args f{};
+    f.heads = p->num_heads, f.tq = (int)p->queries->rows, f.dv = p->head_dim_v;
+    f.lse = const_cast<float *>(io->lse);
+    ra_bwd_args a = backward_args(ws, p, f);
+    a.dout = io->dout->data, a.do_row = io->dout->row, a.do_head = io->dout->head;
+    const int st = ra__cuda_backward_prologue(a, io->o->data, io->o->row, io->o->head, io->row_m,
+                                              io->row_l, ra__cuda_stream(io->stream));
+    RA_CUDA_TRY((cudaError_t)st, "backward prologue launch");
+    return RINGATTN_SUCCESS;
+}
+
+// One backward step (params.h): the key pass (dK, dV, dBias of the held shard) and the query
+// pass (dQ), on the call's stream.
+ringattn_status_t cuda_attend_backward(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                       const ra_bwd_io *io)
+{
+    ra_cuda_ws *ws = ra__cuda_ws(wsp);
+    const int s = (int)(io->keys - p->key_shards);
+    ra_bwd_args a = backward_args(ws, p, step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn,
+                                                   io->lse));
+    a.dout = io->dout->data, a.do_row = io->dout->row, a.do_head = io->dout->head;
+    a.dq = io->dq->data, a.dq_row = io->dq->row, a.dq_head = io->dq->head;
+    a.dk = io->dk->data, a.dk_row = io->dk->row, a.dk_head = io->dk->head;
+    a.dv = io->dv->data, a.dv_row = io->dv->row, a.dv_head = io->dv->head;
+    a.dbias = io->dyn.dbias, a.accumulate = io->accumulate;
+    a.kwork = ws->keys[s].work;
+    const cudaStream_t stream = ra__cuda_stream(io->stream);
+    // kv heads per key-pass block: all of them when they share one bias head (H_b < H_kv), so
+    // that a block owns the dBias rows of its key tile
+    const int Hk = p->num_kv_heads, gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1;
+    if (ws->keys[s].tiles > 0)
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_keys(a, ws->keys[s].tiles, Hk / gb, stream),
+                    "backward key pass launch");
+    if (ws->tiles > 0)
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_queries(a, ws->tiles, stream),
+                    "backward query pass launch");
     return RINGATTN_SUCCESS;
 }
 
@@ -227,8 +315,8 @@ static ra_backend cuda_table()
     b.event_record = ra__cuda_event_record;
     b.event_wait = ra__cuda_event_wait;
     b.attend_forward = cuda_attend_forward;
-    b.backward_prologue = nullptr; // the backward kernels come next (forward only)
-    b.attend_backward = nullptr;
+    b.backward_prologue = cuda_backward_prologue;
+    b.attend_backward = cuda_attend_backward;
     return b;
 }
 

@@ -6,6 +6,7 @@
 // chooses). Internal.
 #pragma once
 
+#include "kernels/cuda/backward_common.cuh"
 #include "kernels/cuda/forward_launch.cuh"
 
 extern "C" {
@@ -14,10 +15,12 @@ extern "C" {
 #include "kernels/backend.h"
 }
 
-// One key shard's segments on the device.
+// One key shard's segments on the device, and the backward key pass's tiles of it.
 struct ra_cuda_keys {
     const ra_segment *segs;
     const int32_t *seq_first; // [num_seqs + 1]
+    const int32_t *work;      // [2 * tiles]: (segment, first index) of each key tile
+    int tiles;
 };
 
 struct ra_cuda_ws {
@@ -32,6 +35,8 @@ struct ra_cuda_ws {
     int tiles;
     ra_cuda_keys *keys;       // host array [num_key_shards] of device arrays
     float *absmax;            // [2] of the call's scan (SPEC 9), read by the kernels
+    const int32_t *qseq_first; // [num_seqs + 1] the query segments of each sequence
+    float *rows;              // [3, H, local rows]: the backward prologue's D_i, shift, scale
 };
 
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }

@@ -6,7 +6,11 @@
 
 #include <cfloat>
 
+#include "base/dtype.h"
 #include "kernels/cuda/device.cuh"
+extern "C" {
+#include "kernels/params.h"
+}
 #include "kernels/softmax_state.h"
 #include "masks/shard.h"
 
@@ -47,6 +51,9 @@ struct ra_fwd_tile_args {
 };
 
 namespace ra_fwd {
+
+// kernels/params.h's ra__lse_lossy (SPEC 9), on the device.
+__device__ __forceinline__ bool lse_lossy(float lse) { return isfinite(lse) && fabsf(lse) >= RA_LSE_LOSSY; }
 
 // One query row's part of SPEC 2, 3 and 6.
 struct row_ctx {

@@ -1,0 +1,311 @@
+// The backward kernels (SPEC 7, CUDA.md section 1): two deterministic passes, as on the CPU, so
+// that repeated runs are bitwise identical (SPEC 9) with no atomics:
+//   key pass:   one block per (key tile, kv heads) sums dK, dV (and dBias, the column sums of
+//               dS) over every query head of the GQA group and every query tile that sees it;
+//   query pass: one block per (64-row query tile, head) sums dQ over the key tiles it sees;
+// and a prologue of D_i = rowsum(dO * O) and P's shift and scale once per call (SPEC 9: LSE, or
+// the recomputed max and 1 / sum of a row whose LSE is lossy). Every output element has one
+// owner thread that sums in a fixed order.
+//
+// SIMT FFMA in float32 for every storage dtype, head dims at run time: each thread of a tile
+// pair computes whole dot products in column order, then each accumulator element is owned by
+// one thread. The forward's logit, mask walk (EMPTY tiles skipped, FULL tiles without the
+// per-element mask, SPEC 6 tiles no row keeps skipped) and SPEC 9 shift of Q are shared
+// (forward_common.cuh). Tensor-core backward kernels are later work (docs/DESIGN.md).
+#pragma once
+
+#include "kernels/cuda/backward_common.cuh"
+
+namespace ra_bwd {
+
+// The block's shared memory, carved as ra__cuda_bwd_smem sizes it.
+struct tiles {
+    float *q, *dout, *k, *v, *acc0, *acc1, *p, *ds, *dz, *db;
+};
+
+__device__ __forceinline__ tiles carve(float *sm, int t, int d, int dv)
+{
+    tiles s;
+    s.q = sm, s.dout = s.q + t * d, s.k = s.dout + t * dv, s.v = s.k + t * d;
+    s.acc0 = s.v + t * dv, s.acc1 = s.acc0 + t * d;
+    s.p = s.acc1 + t * dv, s.ds = s.p + t * t, s.dz = s.ds + t * t, s.db = s.dz + t * t;
+    return s;
+}
+
+// The rows of a query tile (span qs, first local row qr, head h) into rows[] and their Q and dO
+// (not for the stats pass) into the tiles; the smallest top-k threshold of its rows (+inf
+// without a selection).
+__device__ __forceinline__ float load_queries(const ra_bwd_args &a, const tiles &s, brow *rows,
+                                              int h, const ra_span &qs, int64_t qr, int64_t delta,
+                                              int qshift, bool stats = false)
+{
+    const int t = a.bq, n = (int)qs.count;
+    const int64_t base_q = (int64_t)h * a.f.q_head, base_do = (int64_t)h * a.do_head;
+    for (int i = (int)threadIdx.x; i < t; i += (int)blockDim.x)
+        rows[i] = make_brow(a, h, qr + i, qs.pos + i * qs.stride, delta, i < n, qshift, stats);
+    for (int i = (int)threadIdx.x; i < t * a.f.d; i += (int)blockDim.x) {
+        const int r = i / a.f.d, c = i % a.f.d;
+        s.q[i] = r < n ? load(a.f.q, (qr + r) * a.f.q_row + base_q + c, a.dtype) : 0.0f;
+    }
+    for (int i = (int)threadIdx.x; i < (stats ? 0 : t * a.f.dv); i += (int)blockDim.x) {
+        const int r = i / a.f.dv, c = i % a.f.dv;
+        s.dout[i] = r < n ? load(a.dout, (qr + r) * a.do_row + base_do + c, a.dtype) : 0.0f;
+    }
+    __syncthreads();
+    float tmin = INFINITY;
+    if (a.f.thr_b) {
+        for (int i = 0; i < n; ++i) tmin = fminf(tmin, rows[i].rc.tb);
+        __syncthreads(); // a block that skips the tile loads the next one over rows[]
+    }
+    return tmin;
+}
+
+// K and V of kv head g, keys [k0, k0 + n) of segment kseg, into the tiles (zeros past n).
+__device__ __forceinline__ void load_keys(const ra_bwd_args &a, const tiles &s, int g,
+                                          const ra_segment &kseg, int k0, int n)
+{
+    load_rows(s.k, static_cast<const char *>(a.f.k) +
+                       (kseg.row * a.f.k_row + (int64_t)g * a.f.k_head) * (a.dtype ? 2 : 4),
+              a.f.k_row, k0, n + k0, a.bk, a.f.d, a.dtype);
+    load_rows(s.v, static_cast<const char *>(a.f.v) +
+                       (kseg.row * a.f.v_row + (int64_t)g * a.f.v_head) * (a.dtype ? 2 : 4),
+              a.f.v_row, k0, n + k0, a.bk, a.f.dv, a.dtype);
+}
+
+// The logit of every pair of the loaded query rows (nq) and keys (nk) into s.p (-inf outside).
+__device__ __forceinline__ void logit_tile(const ra_bwd_args &a, const tiles &s, const brow *rows,
+                                           int nq, const ra_segment &kseg, int k0, int nk,
+                                           bool full, int qshift)
+{
+    const int tk = a.bk;
+    for (int idx = (int)threadIdx.x; idx < a.bq * tk; idx += (int)blockDim.x) {
+        const int i = idx / tk, j = idx % tk;
+        float x = -INFINITY;
+        if (i < nq && j < nk) {
+            const float z = dot(s.q + i * a.f.d, s.k + j * a.f.d, a.f.d, qshift);
+            const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
+            x = full ? ra_fwd::logit<false>(a.f, rows[i].rc, z, true, pj, kseg.row + k0 + j)
+                     : ra_fwd::logit<true>(a.f, rows[i].rc, z, true, pj, kseg.row + k0 + j);
+        }
+        s.p[idx] = x;
+    }
+    __syncthreads();
+}
+
+// P, dS and dZ of every pair of the loaded query rows (nq) and keys (nk; positions of key
+// segment kseg from index k0) into the tiles; zeros outside. FULL: no per-element mask.
+__device__ __forceinline__ void pair_tile(const ra_bwd_args &a, const tiles &s, const brow *rows,
+                                          int nq, const ra_segment &kseg, int k0, int nk, bool full,
+                                          int qshift)
+{
+    const int tq = a.bq, tk = a.bk;
+    for (int idx = (int)threadIdx.x; idx < tq * tk; idx += (int)blockDim.x) {
+        const int i = idx / tk, j = idx % tk;
+        pair_grad g{0.0f, 0.0f, 0.0f};
+        if (i < nq && j < nk) {
+            const float z = dot(s.q + i * a.f.d, s.k + j * a.f.d, a.f.d, qshift);
+            const float dp = dot(s.dout + i * a.f.dv, s.v + j * a.f.dv, a.f.dv, 0);
+            const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
+            g = full ? grads<false>(a, rows[i], z, dp, true, pj, kseg.row + k0 + j)
+                     : grads<true>(a, rows[i], z, dp, true, pj, kseg.row + k0 + j);
+        }
+        s.p[i * tk + j] = g.p, s.ds[i * tk + j] = g.ds, s.dz[i * tk + j] = g.dz;
+    }
+    __syncthreads();
+}
+
+} // namespace ra_bwd
+
+// Prologue (SPEC 7, 9): one thread per (head, local row), grid-stride.
+__global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, const void *o,
+                                                              int64_t o_row, int64_t o_head,
+                                                              const float *row_m, const float *row_l)
+{
+    const int64_t n = (int64_t)a.f.heads * a.f.tq;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = i / a.f.tq, r = i % a.f.tq;
+        float d = 0.0f;
+        for (int c = 0; c < a.f.dv; ++c)
+            d = fmaf(ra_bwd::load(a.dout, r * a.do_row + h * a.do_head + c, a.dtype),
+                     ra_bwd::load(o, r * o_row + h * o_head + c, a.dtype), d);
+        a.drow[i] = d;
+        const float lse = a.f.lse[i];
+        const bool recompute = row_m && ra_fwd::lse_lossy(lse) && row_l[i] > 0.0f;
+        a.pshift[i] = recompute ? row_m[i] : lse;
+        a.pscale[i] = recompute ? 1.0f / row_l[i] : 1.0f;
+    }
+}
+
+// Key pass. Grid: (key tiles of the held shard, kv-head blocks); kv heads [g0, g0 + gb) with
+// gb = gridDim.y == 1 ? H_kv : 1 (a block covers every kv head sharing a bias head, so it owns
+// the dBias rows of its key tile).
+__global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
+{
+    using namespace ra_bwd;
+    RA_DYNAMIC_SMEM(float, sm);
+    __shared__ brow rows[32];
+    const int t = a.bk, d = a.f.d, dv = a.f.dv;
+    const tiles s = carve(sm, t, d, dv);
+    const int gb = gridDim.y == 1 ? a.f.kv_heads : 1, g0 = (int)blockIdx.y * gb;
+    const int G = a.f.heads / a.f.kv_heads, per_bias = a.f.bias ? a.f.heads / a.f.bias_heads : 1;
+    const ra_segment kseg = a.f.ksegs[a.kwork[2 * blockIdx.x]];
+    const int k0 = a.kwork[2 * blockIdx.x + 1];
+    const int nk = (int)(kseg.span.count - k0 < t ? kseg.span.count - k0 : t);
+    const ra_span ks{kseg.span.seq, kseg.span.pos + k0 * kseg.span.stride, kseg.span.stride, nk};
+    const int64_t delta = a.f.delta[ks.seq];
+    const int qshift = ra_fwd::q_shift(a.f);
+    const int tid = (int)threadIdx.x, per_row = THREADS / t, j_own = tid / per_row,
+              part = tid % per_row;
+    int hb_open = -1; // the bias head whose dBias row sdb holds
+    auto flush_dbias = [&]() {
+        __syncthreads();
+        if (hb_open >= 0 && a.dbias && part == 0 && j_own < nk)
+            store(a.dbias, (int64_t)hb_open * a.f.bias_ld + kseg.row + k0 + j_own, s.db[j_own], 0,
+                  a.accumulate);
+        if (part == 0) s.db[j_own] = 0.0f;
+        __syncthreads();
+    };
+    for (int g = g0; g < g0 + gb; ++g) {
+        load_keys(a, s, g, kseg, k0, nk);
+        for (int i = tid; i < t * (d + dv); i += THREADS) s.acc0[i] = 0.0f; // acc1 follows acc0
+        __syncthreads();
+        for (int h = g * G; h < (g + 1) * G; ++h) {
+            const int hb = h / per_bias;
+            if (hb != hb_open) flush_dbias(), hb_open = hb;
+            // the key tile's largest bias, for skipping query tiles no row of which keeps a key
+            float kmax = -INFINITY;
+            if (a.f.thr_b)
+                for (int j = 0; j < nk; ++j)
+                    kmax = fmaxf(kmax, a.f.bias[(int64_t)hb * a.f.bias_ld + kseg.row + k0 + j]);
+            for (int qi = a.qseq_first[ks.seq]; qi < a.qseq_first[ks.seq + 1]; ++qi) {
+                const ra_segment &qseg = a.f.qsegs[qi];
+                int64_t lo, hi;
+                ra__query_hull(a.f.window, delta, &ks, &qseg.span, &lo, &hi);
+                for (int64_t i0 = lo / a.bq * a.bq; i0 < hi; i0 += a.bq) {
+                    const int64_t left = qseg.span.count - i0;
+                    const ra_span qs{qseg.span.seq, qseg.span.pos + i0 * qseg.span.stride,
+                                     qseg.span.stride, left < a.bq ? left : a.bq};
+                    const float tmin = load_queries(a, s, rows, h, qs, qseg.row + i0, delta, qshift);
+                    if (a.f.thr_b && kmax < tmin) continue; // SPEC 6: no row keeps a key here
+                    const bool full = !a.f.thr_b && ra__spans_full(a.f.window, delta, &qs, &ks);
+                    pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, full, qshift);
+                    // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij
+                    for (int c = part; c < d + dv; c += per_row) {
+                        const bool is_v = c >= d;
+                        const float *w = is_v ? s.p : s.dz;
+                        const float *x = is_v ? s.dout + (c - d) : s.q + c;
+                        const int ld = is_v ? dv : d;
+                        float sum = 0.0f;
+                        for (int i = 0; i < (int)qs.count; ++i)
+                            sum = fmaf(w[i * t + j_own], x[i * ld], sum);
+                        if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
+                        else s.acc0[j_own * d + c] += a.f.scale * sum;
+                    }
+                    if (part == 0) {
+                        float sum = 0.0f;
+                        for (int i = 0; i < (int)qs.count; ++i) sum += s.ds[i * t + j_own];
+                        s.db[j_own] += sum;
+                    }
+                    __syncthreads(); // the next query tile overwrites the tiles
+                }
+            }
+        }
+        // this kv head's dK, dV rows of the key tile (zeros where no query sees a key)
+        if (j_own < nk) {
+            const int64_t kr = kseg.row + k0 + j_own;
+            for (int c = part; c < d; c += per_row)
+                store(a.dk, kr * a.dk_row + (int64_t)g * a.dk_head + c, s.acc0[j_own * d + c], a.dtype,
+                      a.accumulate);
+            for (int c = part; c < dv; c += per_row)
+                store(a.dv, kr * a.dv_row + (int64_t)g * a.dv_head + c, s.acc1[j_own * dv + c],
+                      a.dtype, a.accumulate);
+        }
+        __syncthreads();
+    }
+    flush_dbias();
+}
+
+// Query pass. Grid: (the work list's 64-row query tiles, heads); the tile in sub-tiles of bq rows.
+__global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
+{
+    using namespace ra_bwd;
+    RA_DYNAMIC_SMEM(float, sm);
+    __shared__ brow rows[32];
+    const int t = a.bq, d = a.f.d;
+    const tiles s = carve(sm, t, d, a.f.dv);
+    const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads);
+    ra_span tile;
+    int64_t first;
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, 64, &tile, &first);
+    const int64_t delta = a.f.delta[tile.seq];
+    const int qshift = ra_fwd::q_shift(a.f);
+    const int tid = (int)threadIdx.x, per_row = THREADS / t, i_own = tid / per_row,
+              part = tid % per_row;
+    for (int64_t sub = 0; sub < tile.count; sub += t) {
+        const int64_t left = tile.count - sub;
+        const ra_span qs{tile.seq, tile.pos + sub * tile.stride, tile.stride, left < t ? left : t};
+        const int64_t qr = first + sub;
+        const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift);
+        for (int i = tid; i < t * d; i += THREADS) s.acc0[i] = 0.0f;
+        __syncthreads();
+        ra_fwd::for_each_key_tile(a.f, qs, delta, t, rows[0].rc.bias, tmin,
+                                  [&](const ra_fwd::key_tile &kt) {
+            load_keys(a, s, g, kt.seg, kt.k0, kt.count);
+            __syncthreads();
+            pair_tile(a, s, rows, (int)qs.count, kt.seg, kt.k0, kt.count, kt.full, qshift);
+            // dQ_i += scale sum_j dZ_ij k_j
+            for (int c = part; c < d; c += per_row) {
+                float sum = 0.0f;
+                for (int j = 0; j < kt.count; ++j) sum = fmaf(s.dz[i_own * t + j], s.k[j * d + c], sum);
+                s.acc0[i_own * d + c] += a.f.scale * sum;
+            }
+            __syncthreads(); // the next key tile overwrites the tiles
+        });
+        if (i_own < (int)qs.count)
+            for (int c = part; c < d; c += per_row)
+                store(a.dq, (qr + i_own) * a.dq_row + (int64_t)h * a.dq_head + c,
+                      s.acc0[i_own * d + c], a.dtype, a.accumulate);
+        __syncthreads();
+    }
+}
+
+// SPEC 9 stats pass (backward_common.cuh). Grid: (the work list's query tiles, heads).
+__global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
+{
+    using namespace ra_bwd;
+    RA_DYNAMIC_SMEM(float, sm);
+    __shared__ brow rows[32];
+    __shared__ float row_m[32], row_l[32];
+    const int t = a.bq;
+    const tiles s = carve(sm, t, a.f.d, a.f.dv);
+    const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads), tid = (int)threadIdx.x;
+    ra_span tile;
+    int64_t first;
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, 64, &tile, &first);
+    const int64_t delta = a.f.delta[tile.seq];
+    const int qshift = ra_fwd::q_shift(a.f);
+    for (int64_t sub = 0; sub < tile.count; sub += t) {
+        const int64_t left = tile.count - sub, qr = first + sub, at = (int64_t)h * a.f.tq + qr;
+        const int n = (int)(left < t ? left : t);
+        if (!__syncthreads_or(tid < n && ra_fwd::lse_lossy(a.f.lse[at + tid]))) continue;
+        const ra_span qs{tile.seq, tile.pos + sub * tile.stride, tile.stride, n};
+        const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift, true);
+        if (tid < n) {
+            row_m[tid] = a.f.first ? -INFINITY : a.f.m[at + tid];
+            row_l[tid] = a.f.first ? 0.0f : a.f.l[at + tid];
+        }
+        ra_fwd::for_each_key_tile(a.f, qs, delta, t, rows[0].rc.bias, tmin,
+                                  [&](const ra_fwd::key_tile &kt) {
+            load_keys(a, s, g, kt.seg, kt.k0, kt.count);
+            __syncthreads();
+            logit_tile(a, s, rows, n, kt.seg, kt.k0, kt.count, kt.full, qshift);
+            if (tid < n) // SPEC 4's scalar update (no accumulator)
+                ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, s.p + tid * a.bk, kt.count,
+                                 nullptr, 0);
+            __syncthreads(); // the next key tile overwrites the tiles
+        });
+        if (tid < n) a.f.m[at + tid] = row_m[tid], a.f.l[at + tid] = row_l[tid];
+        __syncthreads();
+    }
+}
