@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 check (CUDA.md section 4), for what exists so far: the forward tile kernel driven
 # directly (bench/gpu/fwd_tile_gpu.cu: needs only nvcc), then the library's own CUDA tests
-# (test_cuda_forward, test_cuda_errors: SPEC 9 against float64, three runs) where the machine
+# (test_cuda_attention, test_cuda_errors: SPEC 9 against float64, three runs) where the machine
 # can build the library (OpenBLAS and Catch2; else that stage is skipped with the reason). One
 # run of at most about 6 minutes; each stage under its own timeout; at most 8 files in the
 # output folder (default $OUT, else ./gpu-check): env.txt build.txt test.txt sanitizer.txt
@@ -64,10 +64,10 @@ library() {
         -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_BUILD_BENCH=OFF \
         -DRINGATTN_BUILD_EXAMPLES=OFF > "$b.configure.log" 2>&1 ||
         { echo "configure failed (OpenBLAS or Catch2 missing?): skipped"; tail -3 "$b.configure.log"; exit 77; }
-    cmake --build "$b" -j "$(nproc)" --target test_cuda_forward test_cuda_errors 2>&1 | grep -E "error|spill" && exit 1
+    cmake --build "$b" -j "$(nproc)" --target test_cuda_attention test_cuda_errors 2>&1 | grep -E "error|spill" && exit 1
     local rc=0
     for run in 1 2 3; do
-        for t in test_cuda_forward test_cuda_errors; do
+        for t in test_cuda_attention test_cuda_errors; do
             echo "== $t, run $run"
             RATEST_BACKEND=cuda RATEST_GPU=1 "$b/tests/$t" 2>&1 | tail -3 || rc=1
         done

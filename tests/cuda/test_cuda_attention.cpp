@@ -1,10 +1,11 @@
-// The single-rank forward catalogue on the CUDA backend, through the public API: RATEST_BACKEND=
+// The single-rank catalogue on the CUDA backend, forward and backward, through the public API: RATEST_BACKEND=
 // cuda against the emulated library in CI (the real kernel and backend code over the SIMT
 // emulation), and against the nvcc-built library on a GPU. Every case: fresh random inputs,
-// outputs poisoned, the float64 oracle with SPEC 9's rule (check_against_oracle: also padding
-// and inputs untouched, empty rows exact), then the same call under a second schedule (threads
-// and streams in another order; on a GPU simply again) with bitwise equal outputs. Sizes are a
-// few tiles per dimension: every path of the kernels, in seconds on the emulation.
+// outputs poisoned, the float64 oracle with SPEC 9's rule for O, LSE, dQ, dK, dV and dBias
+// (check_against_oracle: also padding and inputs untouched, empty rows exact), then the same
+// calls under a second schedule (threads and streams in another order; on a GPU simply again)
+// with bitwise equal outputs. Sizes are a few tiles per dimension: every path of the kernels,
+// in seconds on the emulation.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <random>
 
 #include "support/cases.hpp"
+#include "support/finite_diff.hpp"
 
 using namespace ratest;
 
@@ -19,7 +21,7 @@ namespace {
 
 // c under storage st against the oracle (schedule 0), then again under schedule 1: the same bits.
 bool check_case(const AttnConfig &c, Storage st, uint64_t seed, double sigma_qk = 1.0,
-                Problem *given = nullptr)
+                Problem *given = nullptr, const CheckOptions &opt = CheckOptions())
 {
     std::mt19937_64 rng(seed);
     Problem own(c, st, rng, sigma_qk);
@@ -27,20 +29,26 @@ bool check_case(const AttnConfig &c, Storage st, uint64_t seed, double sigma_qk 
     Plan plan(c);
     INFO("config: " << c.describe() << " storage " << (int)st);
     require_plan(plan);
-    CheckOptions opt;
-    opt.backward = false; // the CUDA backward kernels are part 2
     set_schedule(0);
     const bool ok = check_against_oracle(plan, pb, opt);
-    const std::vector<unsigned char> o = pb.o.buf->bytes;
-    const std::vector<float> lse = pb.lse;
+    const std::vector<unsigned char> o = pb.o.buf->bytes, dq = pb.dq.buf->bytes,
+                                     dk = pb.dk.buf->bytes, dv = pb.dv.buf->bytes;
+    const std::vector<float> lse = pb.lse, dbias = pb.dbias_buf;
     set_schedule(1, seed);
     pb.poison_forward_outputs();
     const ringattn_status_t st2 = run_forward(plan, pb);
-    set_schedule(0);
     INFO("second schedule: " << ringattn_last_error());
     REQUIRE(st2 == RINGATTN_SUCCESS);
+    pb.poison_backward_outputs();
+    const ringattn_status_t st3 = run_backward(plan, pb);
+    set_schedule(0);
+    REQUIRE(st3 == RINGATTN_SUCCESS);
     CHECK(std::memcmp(o.data(), pb.o.buf->bytes.data(), o.size()) == 0);
     CHECK(std::memcmp(lse.data(), pb.lse.data(), lse.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(dq.data(), pb.dq.buf->bytes.data(), dq.size()) == 0);
+    CHECK(std::memcmp(dk.data(), pb.dk.buf->bytes.data(), dk.size()) == 0);
+    CHECK(std::memcmp(dv.data(), pb.dv.buf->bytes.data(), dv.size()) == 0);
+    CHECK(std::memcmp(dbias.data(), pb.dbias_buf.data(), dbias.size() * sizeof(float)) == 0);
     return ok;
 }
 
@@ -184,6 +192,24 @@ TEST_CASE("CUDA: SPEC 10 case 4 and 11, rows whose valid logits are about -1e30"
     }
 }
 
+TEST_CASE("CUDA: SPEC 10 case 11, the backward of rows whose every logit is -1e30", "[cuda][spec]")
+{
+    // Every logit -1e30 + z rounds to -1e30: each row's softmax is uniform and the float32 LSE,
+    // -1e30, has lost log(l), so P = exp(s - LSE) would be 1 for every key (gradients l times
+    // too large). The stats pass recomputes those rows' max and sum (SPEC 9); the logits are
+    // exact, so the plain limits apply. T = 100: two query tiles of the passes, several key tiles.
+    CheckOptions exact;
+    exact.exact_logits = true;
+    uint64_t seed = seed_for("cuda case11", 0);
+    for (ringattn_dtype_t dt : all_dtypes) {
+        AttnConfig c = base(dt, {0, 100}, 2, 1, 16);
+        c.causal = true;
+        c.key_bias_heads = 1;
+        c.bias.assign(100, -1e30);
+        CHECK(check_case(c, Storage::Packed, ++seed, 1.0, nullptr, exact));
+    }
+}
+
 TEST_CASE("CUDA: SPEC 10 case 12, q and k of 1.5e19 with scale 0.01 (Q scaled first)", "[cuda][spec]")
 {
     uint64_t seed = seed_for("cuda case12", 0);
@@ -203,7 +229,7 @@ TEST_CASE("CUDA: SPEC 10 case 10, dynamic masks: key bias and top-k", "[cuda][dy
     uint64_t seed = seed_for("cuda dynamic", 0);
     for (ringattn_dtype_t dt : all_dtypes)
         for (int hb : {1, 2, 4})
-            for (int keep : {0, 5, 40, 1000}) { // 1000 >= every length: no selection
+            for (int keep : {0, 1, 5, 40, 1000}) { // 1000 >= every length: no selection
                 std::mt19937_64 rng(++seed);
                 AttnConfig c = base(dt, cu_from_lengths({150, 0, 70}), 4, 2, 32);
                 c.key_bias_heads = hb;
@@ -233,5 +259,33 @@ TEST_CASE("CUDA: SPEC 10 case 7, plan scratch left by earlier calls changes noth
             Problem pb(c, Storage::Packed, rng, 1.0 + (double)s);
             CHECK(check_against_oracle(plan, pb, opt));
         }
+    }
+}
+
+TEST_CASE("CUDA: SPEC 10 case 8, gradients against finite differences in float64", "[cuda][fd]")
+{
+    // The float64 oracle's backward against central differences of its forward at the kernels'
+    // smallest head dims (D = D_v = 8; lengths 7, 6, 1 against 7, 3, 2: fewer keys than queries,
+    // so causal rows without keys, SPEC 10 cases 3 and 5), then the library's float32 gradients
+    // against that oracle on inputs of the same case (SPEC 9).
+    const FdCase cases[] = {
+        {"plain, H_b = H", false, -1, -1, 0.0f, false, 0.0f, 2, 2, 2, 0},
+        {"causal+window, GQA, softcap, H_b = H_kv", true, 3, -1, 2.0f, false, 0.0f, 4, 2, 2, 0},
+        {"two-sided window, MQA, softcap, ALiBi, scale, H_b = 1", false, 2, 1, 3.0f, true, 0.7f, 4, 1, 1, 0},
+    };
+    uint64_t seed = seed_for("cuda fd", 0);
+    for (const FdCase &fc : cases) {
+        AttnConfig c = fd_config(fc, 0);
+        c.D = c.Dv = 8;
+        std::mt19937_64 rng(++seed);
+        c.bias = std::vector<double>((size_t)(c.key_bias_heads * c.Tk()));
+        for (double &b : c.bias) b = std::normal_distribution<double>(0.0, 1.0)(rng);
+        INFO(fc.name << ": " << c.describe());
+        const FdGradients g = fd_gradients(c, rng, fd_sigma_qk(fc));
+        CHECK(norm_rel_err(g.oracle.dQ, g.nq) <= 1e-7);
+        CHECK(norm_rel_err(g.oracle.dK, g.nk) <= 1e-7);
+        CHECK(norm_rel_err(g.oracle.dV, g.nv) <= 1e-7);
+        CHECK(norm_rel_err(g.oracle.dBias, g.nbias) <= 1e-7);
+        CHECK(check_case(c, Storage::Packed, ++seed, fd_sigma_qk(fc)));
     }
 }
