@@ -263,7 +263,8 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  * - An error the device reports (a fault in an earlier call's kernels, a launch failure) is
  *   RINGATTN_ERR_CUDA with the runtime's message, at the first call that sees it; after a fault
  *   the CUDA context is unusable, as for every CUDA library.
- * - ringattn_backward is RINGATTN_ERR_UNSUPPORTED on the CUDA backend (its kernels come next).
+ * - ringattn_backward follows the same contract (deterministic: repeated calls give the same
+ *   bits). A plan of several ranks is RINGATTN_ERR_UNSUPPORTED on the CUDA backend for now.
  */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);
