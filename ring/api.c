@@ -90,6 +90,10 @@ static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *
     RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
     RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
     RA_TRY(ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv));
+    if (tq) RA_TRY(check_memory(fn, p, "dout", a->dout.data, NULL));
+    if (tq) RA_TRY(check_memory(fn, p, "dq", a->dq.data, NULL));
+    if (tk) RA_TRY(check_memory(fn, p, "dk", a->dk.data, NULL));
+    if (tk) RA_TRY(check_memory(fn, p, "dv", a->dv.data, NULL));
     if (tk) RA_TRY(check_memory(fn, p, "dbias", a->dbias, NULL));
     return RINGATTN_SUCCESS;
 }
