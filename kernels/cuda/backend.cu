@@ -44,9 +44,9 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
                 "whose tiles are fixed by its kernels",
              p->block_q, p->block_k, QUERY_TILE);
     p->block_q = QUERY_TILE;
-    // the tile kernel's keys per tile (forward_tile.cuh, keys_per_tile)
-    const int wide = ra__cuda_dim_tile(p->head_dim) >= 256 || ra__cuda_dim_v_tile(p->head_dim_v) >= 128;
-    p->block_k = f32 ? 16 : wide ? 32 : 64;
+    p->block_k = f32 ? 16
+                     : ra__cuda_keys_per_tile(ra__cuda_dim_tile(p->head_dim),
+                                              ra__cuda_dim_v_tile(p->head_dim_v));
     p->keys_block = ra__cuda_bwd_tile(p->head_dim, p->head_dim_v);
     return RINGATTN_SUCCESS;
 }

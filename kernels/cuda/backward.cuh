@@ -40,17 +40,13 @@ __device__ __forceinline__ float load_queries(const ra_bwd_args &a, const tiles 
                                               int qshift, bool stats = false)
 {
     const int t = a.bq, n = (int)qs.count;
-    const int64_t base_q = (int64_t)h * a.f.q_head, base_do = (int64_t)h * a.do_head;
     for (int i = (int)threadIdx.x; i < t; i += (int)blockDim.x)
         rows[i] = make_brow(a, h, qr + i, qs.pos + i * qs.stride, delta, i < n, qshift, stats);
-    for (int i = (int)threadIdx.x; i < t * a.f.d; i += (int)blockDim.x) {
-        const int r = i / a.f.d, c = i % a.f.d;
-        s.q[i] = r < n ? load(a.f.q, (qr + r) * a.f.q_row + base_q + c, a.dtype) : 0.0f;
-    }
-    for (int i = (int)threadIdx.x; i < (stats ? 0 : t * a.f.dv); i += (int)blockDim.x) {
-        const int r = i / a.f.dv, c = i % a.f.dv;
-        s.dout[i] = r < n ? load(a.dout, (qr + r) * a.do_row + base_do + c, a.dtype) : 0.0f;
-    }
+    load_rows(s.q, a.f.q, qr * a.f.q_row + (int64_t)h * a.f.q_head, a.f.q_row, 0, n, t, a.f.d,
+              a.dtype);
+    if (!stats)
+        load_rows(s.dout, a.dout, qr * a.do_row + (int64_t)h * a.do_head, a.do_row, 0, n, t,
+                  a.f.dv, a.dtype);
     __syncthreads();
     float tmin = INFINITY;
     if (a.f.thr_b) {
@@ -64,12 +60,10 @@ __device__ __forceinline__ float load_queries(const ra_bwd_args &a, const tiles 
 __device__ __forceinline__ void load_keys(const ra_bwd_args &a, const tiles &s, int g,
                                           const ra_segment &kseg, int k0, int n)
 {
-    load_rows(s.k, static_cast<const char *>(a.f.k) +
-                       (kseg.row * a.f.k_row + (int64_t)g * a.f.k_head) * (a.dtype ? 2 : 4),
-              a.f.k_row, k0, n + k0, a.bk, a.f.d, a.dtype);
-    load_rows(s.v, static_cast<const char *>(a.f.v) +
-                       (kseg.row * a.f.v_row + (int64_t)g * a.f.v_head) * (a.dtype ? 2 : 4),
-              a.f.v_row, k0, n + k0, a.bk, a.f.dv, a.dtype);
+    load_rows(s.k, a.f.k, kseg.row * a.f.k_row + (int64_t)g * a.f.k_head, a.f.k_row, k0, k0 + n,
+              a.bk, a.f.d, a.dtype);
+    load_rows(s.v, a.f.v, kseg.row * a.f.v_row + (int64_t)g * a.f.v_head, a.f.v_row, k0, k0 + n,
+              a.bk, a.f.dv, a.dtype);
 }
 
 // The logit of every pair of the loaded query rows (nq) and keys (nk) into s.p (-inf outside).
@@ -106,8 +100,8 @@ __device__ __forceinline__ void pair_tile(const ra_bwd_args &a, const tiles &s, 
             const float z = dot(s.q + i * a.f.d, s.k + j * a.f.d, a.f.d, qshift);
             const float dp = dot(s.dout + i * a.f.dv, s.v + j * a.f.dv, a.f.dv, 0);
             const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
-            g = full ? grads<false>(a, rows[i], z, dp, true, pj, kseg.row + k0 + j)
-                     : grads<true>(a, rows[i], z, dp, true, pj, kseg.row + k0 + j);
+            g = full ? grads<false>(a, rows[i], z, dp, pj, kseg.row + k0 + j)
+                     : grads<true>(a, rows[i], z, dp, pj, kseg.row + k0 + j);
         }
         s.p[i * tk + j] = g.p, s.ds[i * tk + j] = g.ds, s.dz[i * tk + j] = g.dz;
     }

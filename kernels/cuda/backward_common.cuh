@@ -54,14 +54,14 @@ __device__ __forceinline__ void store(void *p, int64_t i, float x, int dt, int a
     else static_cast<uint16_t *>(p)[i] = dt == 1 ? ra__f32_to_bf16(x) : ra__f32_to_f16(x);
 }
 
-// rows [r0, r0 + n) of base (row stride rs, `dim` columns) as float32 into a tile of `dim`
-// columns per row; zeros past `rows` and up to `tile_rows`.
-__device__ __forceinline__ void load_rows(float *tile, const void *base, int64_t rs, int64_t r0,
-                                          int64_t rows, int n, int dim, int dt)
+// Rows [r0, r0 + n) of a tensor (elements from `at`, row stride rs, `dim` columns) as float32
+// into a tile of n rows of `dim` columns; zeros at and past row `rows`.
+__device__ __forceinline__ void load_rows(float *tile, const void *base, int64_t at, int64_t rs,
+                                          int64_t r0, int64_t rows, int n, int dim, int dt)
 {
     for (int i = (int)threadIdx.x; i < n * dim; i += (int)blockDim.x) {
         const int r = i / dim, c = i % dim;
-        tile[i] = r0 + r < rows ? load(base, (r0 + r) * rs + c, dt) : 0.0f;
+        tile[i] = r0 + r < rows ? load(base, at + (r0 + r) * rs + c, dt) : 0.0f;
     }
 }
 
@@ -94,11 +94,12 @@ struct pair_grad {
     float p, ds, dz;
 };
 
+// pj: the key's position, kr its local row (every pair given is inside its tiles).
 template <bool Masked>
 __device__ __forceinline__ pair_grad grads(const ra_bwd_args &a, const brow &r, float z, float dp,
-                                           bool key_in, int64_t pj, int64_t kr)
+                                           int64_t pj, int64_t kr)
 {
-    const float s = ra_fwd::logit<Masked>(a.f, r.rc, z, key_in, pj, kr);
+    const float s = ra_fwd::logit<Masked>(a.f, r.rc, z, true, pj, kr);
     if (r.empty || s == -INFINITY) return pair_grad{0.0f, 0.0f, 0.0f};
     const float p = expf(s - r.shift) * r.pscale;
     const float ds = p * (dp - r.d);

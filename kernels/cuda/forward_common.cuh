@@ -50,6 +50,14 @@ struct ra_fwd_tile_args {
     int first, last, bf16;     // bf16: 16-bit storage is bfloat16, else float16 (tile kernel)
 };
 
+// The tile kernel's keys per tile for head-dim tiles (d, dv): 64, and 32 at D = 256 or D_v = 128,
+// where S of 64 keys beside the accumulators and both parts of P (split_p) would spill. The
+// backend reports it as the plan's block_k.
+__host__ __device__ constexpr int ra__cuda_keys_per_tile(int d, int dv)
+{
+    return d >= 256 || dv >= 128 ? 32 : 64;
+}
+
 namespace ra_fwd {
 
 // kernels/params.h's ra__lse_lossy (SPEC 9), on the device.

@@ -25,9 +25,6 @@ namespace ra_fwd {
 // D up to 256; the DV tile up to 128 (at 256 the P V accumulators alone would fill the register
 // file: D_v = 256 runs as two blocks of 128 columns, forward_common.cuh)
 constexpr int BQ = 64, WARPS = 4;
-// Keys per tile: 64, and 32 at D = 256 or D_v = 128, where S of 64 keys beside the
-// accumulators and both parts of P (split_p) would spill (backend.cu reports it as block_k).
-constexpr int keys_per_tile(int d, int dv) { return d >= 256 || dv >= 128 ? 32 : 64; }
 
 // The swizzled address of 16-bit element (row, col) of a tile of D columns: 16-byte chunks
 // permuted within each group of 8 by chunk ^ (row % 8) (a tail group of 4 or 2 chunks, as at
@@ -85,7 +82,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
-    constexpr int BK = D >= 256 || DV >= 128 ? 32 : 64; // keys_per_tile(D, DV)
+    constexpr int BK = ra__cuda_keys_per_tile(D, DV);
     uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     ra_span qtile;
@@ -275,5 +272,6 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
 // Shared memory of ra_fwd_tile_kernel<D, DV>: Q, K and V tiles.
 constexpr size_t ra_fwd_tile_smem(int d, int dv)
 {
-    return ((size_t)(ra_fwd::BQ + ra_fwd::keys_per_tile(d, dv)) * d + (size_t)ra_fwd::keys_per_tile(d, dv) * dv) * 2;
+    return ((size_t)(ra_fwd::BQ + ra__cuda_keys_per_tile(d, dv)) * d +
+            (size_t)ra__cuda_keys_per_tile(d, dv) * dv) * 2;
 }
