@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
     const int qshift = ra_fwd::q_shift(a.f);
     const int tid = (int)threadIdx.x, per_row = THREADS / t, j_own = tid / per_row,
               part = tid % per_row;
-    int hb_open = -1; // the bias head whose dBias row sdb holds
+    int hb_open = -1; // the bias head whose dBias row s.db holds
     auto flush_dbias = [&]() {
         __syncthreads();
         if (hb_open >= 0 && a.dbias && part == 0 && j_own < nk)
