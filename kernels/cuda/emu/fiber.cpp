@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -104,9 +107,33 @@ static void ucontext_entry(unsigned lo, unsigned hi)
 }
 #endif
 
+namespace {
+
+// Freed stacks, kept for the next launch: every launch makes a block's worth of fibers on each
+// worker, and mapping (and faulting in) fresh stacks each time cost more than the kernels.
+std::mutex cache_mu;
+std::vector<std::pair<char *, size_t>> cached; // (mapping, usable bytes)
+constexpr size_t cache_max = 4096;
+
+} // namespace
+
 bool fiber_alloc(Fiber &f, size_t bytes)
 {
     const size_t pg = page(), usable = (bytes + pg - 1) / pg * pg;
+    {
+        std::lock_guard<std::mutex> lk(cache_mu);
+        for (size_t i = cached.size(); i-- > 0;)
+            if (cached[i].second == usable) {
+                f.stack = cached[i].first;
+                f.stack_bytes = usable;
+                cached[i] = cached.back();
+                cached.pop_back();
+#if !defined(__x86_64__)
+                f.ctx = new ucontext_t;
+#endif
+                return true;
+            }
+    }
     void *m = mmap(nullptr, usable + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return false;
     mprotect(m, pg, PROT_NONE); // the guard page: an overflow faults, it does not corrupt
@@ -158,7 +185,11 @@ void fiber_reset(Fiber &f, void (*entry)(void *), void *arg)
 
 void fiber_free(Fiber &f)
 {
-    if (f.stack) munmap(f.stack, f.stack_bytes + page());
+    if (f.stack) {
+        std::lock_guard<std::mutex> lk(cache_mu);
+        if (cached.size() < cache_max) cached.emplace_back(f.stack, f.stack_bytes);
+        else munmap(f.stack, f.stack_bytes + page());
+    }
 #if !defined(__x86_64__)
     delete (ucontext_t *)f.ctx;
 #endif
