@@ -256,6 +256,13 @@ cudaError_t cudaStreamCreate(cudaStream_t *s)
     return cudaSuccess;
 }
 
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned, int) { return cudaStreamCreate(s); }
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) // an H200's range
+{
+    return *least = 0, *greatest = -5, cudaSuccess;
+}
+
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     std::lock_guard<std::recursive_mutex> lk(mu);
@@ -280,6 +287,8 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
     *e = new ra_emu_event;
     return cudaSuccess;
 }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
 
@@ -340,21 +349,6 @@ cudaError_t cudaPeekAtLastError()
 {
     std::lock_guard<std::recursive_mutex> lk(mu);
     return last != cudaSuccess ? last : sticky;
-}
-
-const char *cudaGetErrorString(cudaError_t e)
-{
-    switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (emulation: see ra_emu::last_error)";
-    }
-    return "unknown error";
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
