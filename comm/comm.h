@@ -103,8 +103,17 @@ struct ringattn_comm {
     int failed;         /* set for good by a transport error, a deadline or a peer's failure */
     int active;         /* operations given up but still running over caller memory (MPI) */
     double last_beat;   /* when ops->beat last ran (ra__comm_now) */
+    int on_device;      /* messages are device memory of `device` (a device comm); else host */
+    int device;
     char reason[RA_COMM_REASON_BYTES]; /* why it failed */
 };
+
+/* The threads transport's hub and num_ranks comms on it (comm/threads.c); with dev, a device
+   comm whose messages are device memory of `device` (-1: the current device). */
+struct ra_device_ops;
+ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks,
+                                          const struct ra_device_ops *dev, int device,
+                                          ringattn_comm_t *comms);
 
 /* Seconds without progress before a wait is an error (RINGATTN_COMM_TIMEOUT, default 60). */
 double ra__comm_timeout_s(void);

@@ -4,11 +4,12 @@
  * from the sender's buffer, which the sender keeps until its wait returns. Every wait has a
  * deadline of no progress for RINGATTN_COMM_TIMEOUT seconds (default 60): a rank that never
  * answers is an error, not a hang. A failure on one rank fails the hub, so that every rank's
- * waits end at once (comm.h).
+ * waits end at once (comm.h). A device comm (ringattn_comm_create_threads_device) keeps the
+ * same matching and deadlines, but its messages are device memory, copied on the device in
+ * stream order (comm/threads_device.c).
  */
 #include <errno.h>
 #include <stdio.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,34 +18,7 @@
 #include "base/host_stream.h"
 #include "base/registry.h"
 #include "comm/comm.h"
-
-/* A message on offer: one per send slot, in its exchange's impl bytes (it lives until the
-   sender's wait returns, which unlinks it). */
-typedef struct post {
-    int src, dst, tag, consumed, live;
-    const void *buf;
-    size_t bytes;
-    struct post *next;
-} post;
-
-_Static_assert(RA_EXCHANGE_SLOTS * sizeof(post) <= RA_EXCHANGE_IMPL_BYTES,
-               "an exchange's posts fit its impl bytes");
-static post *posts_of(ra_exchange *x) { return (post *)(void *)x->impl; }
-
-typedef struct hub {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int size, refs;
-    post *posts;
-    /* collectives, one at a time (every rank calls them in the same order) */
-    int arrived;
-    unsigned generation;
-    int64_t acc[RA_ALLREDUCE_MAX], result[RA_ALLREDUCE_MAX];
-    const void **gather_src; /* [size] */
-    unsigned long moves;         /* messages completed on the hub: the ring's progress */
-    int failed;                  /* some rank failed the comm: every wait ends */
-    char reason[RA_COMM_REASON_BYTES];
-} hub;
+#include "comm/threads_hub.h"
 
 /* RINGATTN_COMM_TIMEOUT from now, for pthread_cond_timedwait (CLOCK_REALTIME). */
 static struct timespec deadline(void)
@@ -85,9 +59,10 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
                 continue;
             if (p->bytes != r->bytes)
                 *st = ra__fail(RINGATTN_ERR_COMM,
-                               "ringattn comm threads: message from rank %d: got %zu bytes, "
+                               "ringattn comm %s: message from rank %d: got %zu bytes, "
                                "expected %zu",
-                               p->src, p->bytes, r->bytes);
+                               c->ops->name, p->src, p->bytes, r->bytes);
+            else if (h->dev) *st = ra__threads_device_copy(h, c->rank, i, p, r);
             else memcpy(r->buf, p->buf, p->bytes);
             p->consumed = 1;
             r->bytes = 0; /* received */
@@ -95,7 +70,7 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
             pthread_cond_broadcast(&h->cv);
             break;
         }
-        post *mine = &posts_of(x)[i];
+        post *mine = &state_of(x)->posts[i];
         if (mine->live && mine->consumed) unlink_post(h, mine);
         complete = complete && !r->bytes && !mine->live;
     }
@@ -118,21 +93,34 @@ static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *strea
     x->comm = c;
     x->tag = ra__comm_next_tag(c);
     x->stream = NULL;
-    post *mine = posts_of(x);
+    post *mine = state_of(x)->posts;
+    void *ready = NULL;
+    if (h->dev) {
+        RA_TRY(ra__threads_device_start(h, c->rank, x, stream));
+        ready = h->ranks[c->rank].ready;
+    }
     pthread_mutex_lock(&h->mu);
     post **tail = &h->posts;
     while (*tail) tail = &(*tail)->next;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         mine[i] = (post){c->rank, x->send[i].peer, x->tag + i, 0, x->send[i].bytes > 0,
-                         x->send[i].buf, x->send[i].bytes, NULL};
+                         x->send[i].buf, x->send[i].bytes, ready, NULL};
         if (!mine[i].live) continue;
         *tail = &mine[i];
         tail = &mine[i].next;
     }
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    if (stream && ra__host_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
-    return RINGATTN_SUCCESS;
+    /* a host comm progresses while the CPU kernels poll; a device comm's copies are queued
+       when the receiver matches them (start, test, wait) and run on the device */
+    if (!h->dev && stream && ra__host_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
+    ringattn_status_t st = RINGATTN_SUCCESS;
+    if (h->dev) { /* queue the copies of messages already on offer */
+        pthread_mutex_lock(&h->mu);
+        (void)progress_locked(c, h, x, &st);
+        pthread_mutex_unlock(&h->mu);
+    }
+    return st;
 }
 
 static ringattn_status_t th_test(ringattn_comm_t c, ra_exchange *x, int *done)
@@ -151,7 +139,7 @@ static int give_up_locked(hub *h, ra_exchange *x)
 {
     int from = -1;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-        post *mine = &posts_of(x)[i];
+        post *mine = &state_of(x)->posts[i];
         if (mine->live) unlink_post(h, mine);
         if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
         if (mine->live && from < 0) from = mine->dst;
@@ -189,6 +177,13 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
         break;
     }
     pthread_mutex_unlock(&h->mu);
+    if (h->dev) { /* the compute stream waits for the copies (only after a complete exchange) */
+        const ringattn_status_t done = st == RINGATTN_SUCCESS && !h->failed
+                                           ? ra__threads_device_finish(h, c->rank, x)
+                                           : RINGATTN_SUCCESS;
+        h->ranks[c->rank].busy = 0;
+        if (st == RINGATTN_SUCCESS) st = done;
+    }
     return st;
 }
 
@@ -314,18 +309,24 @@ static int th_still_active(ringattn_comm_t c)
     return 0;
 }
 
+static void hub_free(hub *h)
+{
+    if (!h) return;
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->ranks);
+    free(h->gather_src);
+    free(h);
+}
+
 static void th_destroy(ringattn_comm_t c)
 {
     hub *h = c->impl;
+    if (h->dev) ra__threads_device_free(h, c->rank);
     pthread_mutex_lock(&h->mu);
     const int last = --h->refs == 0;
     pthread_mutex_unlock(&h->mu);
-    if (last) {
-        pthread_mutex_destroy(&h->mu);
-        pthread_cond_destroy(&h->cv);
-        free(h->gather_src);
-        free(h);
-    }
+    if (last) hub_free(h);
     free(c);
 }
 
@@ -343,9 +344,10 @@ static const struct ra_comm_ops threads_ops = {
     .destroy = th_destroy,
 };
 
-ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms)
+/* The hub and num_ranks comms on it; with dev, a device comm on `device` (-1: the current). */
+ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks, const ra_device_ops *dev,
+                                          int device, ringattn_comm_t *comms)
 {
-    static const char fn[] = "ringattn_comm_create_threads";
     RA_CHECK(comms != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: comms: got NULL, expected an array of num_ranks handles", fn);
     RA_CHECK(num_ranks >= 1 && num_ranks <= 4096, RINGATTN_ERR_INVALID_ARGUMENT,
@@ -353,26 +355,42 @@ ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *c
     hub *h = calloc(1, sizeof *h);
     ringattn_comm_t *made = calloc((size_t)num_ranks, sizeof *made);
     int ok = h && made && (h->gather_src = calloc((size_t)num_ranks, sizeof *h->gather_src));
+    if (ok && dev) ok = (h->ranks = calloc((size_t)num_ranks, sizeof *h->ranks)) != NULL;
     for (int r = 0; ok && r < num_ranks; ++r) ok = (made[r] = calloc(1, sizeof *made[r])) != NULL;
-    for (int r = 0; ok && r < num_ranks; ++r) ok = ra__registry_add(made[r]) == 0;
-    if (!ok) {
+    ringattn_status_t st = ok ? RINGATTN_SUCCESS
+                              : ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    if (h) {
+        pthread_mutex_init(&h->mu, NULL);
+        pthread_cond_init(&h->cv, NULL);
+        h->size = h->refs = num_ranks;
+        h->dev = dev;
+        h->device = device;
+    }
+    if (st == RINGATTN_SUCCESS && dev) st = ra__threads_device_make(h);
+    for (int r = 0; st == RINGATTN_SUCCESS && r < num_ranks; ++r)
+        if (ra__registry_add(made[r]) != 0)
+            st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    if (st != RINGATTN_SUCCESS) {
+        for (int r = 0; dev && h && h->ranks && r < num_ranks; ++r) ra__threads_device_free(h, r);
         for (int r = 0; made && r < num_ranks; ++r) {
             ra__registry_remove(made[r]);
             free(made[r]);
         }
         free(made);
-        if (h) free(h->gather_src);
-        free(h);
-        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        hub_free(h);
+        return st;
     }
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    h->size = h->refs = num_ranks;
     for (int r = 0; r < num_ranks; ++r) {
         *made[r] = (struct ringattn_comm){.ops = &threads_ops, .rank = r, .size = num_ranks,
-                                          .impl = h};
+                                          .impl = h, .on_device = dev != NULL,
+                                          .device = h->device};
         comms[r] = made[r];
     }
     free(made);
     return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms)
+{
+    return ra__comm_create_threads("ringattn_comm_create_threads", num_ranks, NULL, -1, comms);
 }

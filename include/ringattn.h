@@ -161,6 +161,16 @@ typedef struct ringattn_tensors {
  */
 RINGATTN_API ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms);
 /*
+ * The same for plans of the CUDA backend, every rank on one device (-1: the current one): the
+ * ring's shards move as device-to-device copies on a comm stream of each rank, ordered by
+ * events with the stream each call runs on, with no host wait (a multi-rank ring on one GPU,
+ * where NCCL refuses two ranks). Give each rank's calls their own stream to overlap the
+ * copies with the kernels. A plan checks that its comm moves its backend's memory.
+ * RINGATTN_ERR_UNSUPPORTED in builds without CUDA.
+ */
+RINGATTN_API ringattn_status_t ringattn_comm_create_threads_device(int num_ranks, int device,
+                                                                   ringattn_comm_t *comms);
+/*
  * Failure semantics of collective calls (plan creation, forward, backward; docs/DESIGN.md,
  * "Failure semantics"). A call never returns success on one rank while it failed on another,
  * and never pairs with another call of a peer.

@@ -28,15 +28,17 @@ typedef struct ra_scan_io {
     const ra_view *q, *k; /* the local queries' Q and the local keys' K */
     int64_t q_rows, k_rows;
     const float *lse;     /* backward: [H, q_rows] from the forward; NULL in the forward */
+    int ring;             /* the values are agreed over a ring: they must reach the host */
     void *stream;
 } ra_scan_io;
 
 typedef struct ra_scan {
     float q_absmax, k_absmax; /* max |element| (NaN when an element is NaN) */
     int64_t lossy_rows;       /* (head, row) pairs with ra__lse_lossy(LSE) */
-    int on_device;            /* the maxima stay on the device, where the kernels decide SPEC 9's
-                                 scaling (no host wait); the values above are then unset, and
-                                 a backward's stats pass decides per tile which rows are lossy */
+    int on_device;            /* one rank only: the maxima stay on the device, where the kernels
+                                 decide SPEC 9's scaling (no host wait); the values above are
+                                 then unset, and a backward's stats pass decides per tile which
+                                 rows are lossy */
 } ra_scan;
 
 /* SPEC 5 merge of n normalised partials (views of [rows, heads, dim]) into out / out_lse. */
@@ -81,10 +83,17 @@ struct ra_backend {
     ringattn_status_t (*from_host)(void *dst, const void *host, size_t bytes, void *stream);
     ringattn_status_t (*scan)(struct ra_workspace *ws, const ra_kernel_params *prm,
                               const ra_scan_io *io, ra_scan *out);
+    /* A ring's agreed scan (this rank's max |Q|, the ring's max |K|) for the call's kernels,
+       where they read it on the device; NULL where the driver's scale_q_first says it all. */
+    ringattn_status_t (*scan_agreed)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                     const ra_scan *agreed, void *stream);
     ringattn_status_t (*merge)(const ra_merge_io *io, void *stream);
     /* Order between streams of one device; NULL where all work runs in one order (CPU). */
     ringattn_status_t (*event_record)(void *event, void *stream);
     ringattn_status_t (*event_wait)(void *event, void *stream);
+    /* What a device comm needs of the device (ringattn_comm_create_threads_device); NULL:
+       the backend's memory is host memory, which host transports move. */
+    const struct ra_device_ops *device_ops;
 
     /* Attention, one ring step per call (params.h). */
     ringattn_status_t (*attend_forward)(struct ra_workspace *ws, const ra_kernel_params *prm,

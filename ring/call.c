@@ -30,7 +30,7 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
     ra_scan scan = {0.0f, 0.0f, 0, 0};
     if (local == RINGATTN_SUCCESS) {
         const ra_scan_io io = {&c->a.q, &c->a.k, p->kp.queries->rows, ra__local_keys(p)->rows,
-                               lse_in ? c->a.lse : NULL, &p->stream};
+                               lse_in ? c->a.lse : NULL, p->comm != NULL, &p->stream};
         local = p->be->scan(p->ws, &p->kp, &io, &scan);
     }
     if (local == RINGATTN_SUCCESS && scan.on_device) { /* the kernels decide (one rank only) */
@@ -47,6 +47,7 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
         scan.lossy_rows = -v[1];
     }
     RA_TRY(local);
+    if (p->be->scan_agreed) RA_TRY(p->be->scan_agreed(p->ws, &p->kp, &scan, &p->stream));
     /* SPEC 9: every partial sum of q . k is at most D max|q| max|k| (NaN: no; it propagates) */
     const double bound = (double)p->kp.head_dim * scan.q_absmax * scan.k_absmax;
     c->scale_q_first = bound > FLT_MAX / 2;

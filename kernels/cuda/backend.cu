@@ -14,7 +14,7 @@ namespace {
 
 constexpr int QUERY_TILE = 64; // rows of the forward kernels' query tile (both kernels)
 
-// What the kernels cannot do (SPEC 1 shapes they have no instantiation for, a ring) is refused
+// What the kernels cannot do (SPEC 1 shapes they have no instantiation for) is refused
 // with a message: nothing falls back to the CPU.
 ringattn_status_t cuda_prepare(ra_kernel_params *p)
 {
@@ -26,10 +26,6 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
     if (p->device < 0) RA_CUDA_TRY(cudaGetDevice(&p->device), "cudaGetDevice");
     RA_CHECK(p->device < count, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": device: got %d, expected -1 or a device ordinal below %d", p->device, count);
-    RA_CHECK(p->num_key_shards == 1, RINGATTN_ERR_UNSUPPORTED,
-             FN ": backend CUDA: a ring of %d ranks; this release runs CUDA plans on one rank "
-                "(comm NULL) only",
-             p->num_key_shards);
     const int f32 = p->dtype == RINGATTN_FLOAT32, unit = f32 ? 4 : 8; // 16-byte chunks
     RA_CHECK(ra__cuda_dim_tile(p->head_dim) && p->head_dim % unit == 0, RINGATTN_ERR_UNSUPPORTED,
              FN ": head_dim: got %d, expected a multiple of %d up to 256 on the CUDA backend",
@@ -70,6 +66,7 @@ void cuda_workspace_destroy(struct ra_workspace *wsp)
     if (!ws) return;
     if (ws->arena) cudaFree(ws->arena);
     if (ws->rows) cudaFree(ws->rows);
+    if (ws->zstate) cudaFree(ws->zstate);
     std::free(ws->keys);
     std::free(ws);
 }
@@ -106,7 +103,7 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         ws->tiles = (int)(work.size() / 2);
         o_delta = img.place(p->delta, n * sizeof(int64_t));
         o_alibi = img.place(p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0);
-        o_abs = img.place(nullptr, 2 * sizeof(float));
+        o_abs = img.place(nullptr, 4 * sizeof(float));
         o_q = img.place(p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment));
         o_work = img.place(work.data(), work.size() * sizeof(int32_t));
         o_qfirst = img.place(p->queries->seq_first, (n + 1) * sizeof(int32_t));
@@ -122,9 +119,15 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         cuda_workspace_destroy((struct ra_workspace *)ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     }
-    const size_t row_bytes = 3 * (size_t)p->num_heads * (size_t)p->queries->rows * sizeof(float);
+    const size_t states = (size_t)p->num_heads * (size_t)p->queries->rows;
+    const size_t row_bytes = 3 * states * sizeof(float);
+    // a ring with D_v above one tile: (m, l) of each D_v block (forward_common.cuh: state_z)
+    const int zb = p->num_key_shards > 1 ? ra__cuda_dim_v_blocks(p->head_dim_v) : 1;
+    const size_t z_bytes = zb > 1 ? 2 * (size_t)zb * states * sizeof(float) : 0;
     ringattn_status_t st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
     if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
+    if (st == RINGATTN_SUCCESS && z_bytes)
+        st = ra__cuda_alloc(z_bytes, reinterpret_cast<void **>(&ws->zstate));
     if (st == RINGATTN_SUCCESS) {
         const cudaError_t e = cudaMemcpy(ws->arena, img.bytes.data(), img.bytes.size(),
                                          cudaMemcpyHostToDevice);
@@ -135,7 +138,7 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         return st;
     }
     char *base = static_cast<char *>(ws->arena);
-    ws->bytes = img.bytes.size() + row_bytes;
+    ws->bytes = img.bytes.size() + row_bytes + z_bytes;
     ws->qseq_first = reinterpret_cast<const int32_t *>(base + o_qfirst);
     ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
     ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
@@ -235,8 +238,13 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
                     "backward stats launch");
         return RINGATTN_SUCCESS;
     }
-    RA_CHECK(ra__cuda_dim_v_blocks(p->head_dim_v) == 1 || (io->first && io->last),
-             RINGATTN_ERR_INTERNAL, "ringattn: CUDA: D_v = %d over several steps", p->head_dim_v);
+    const int zb = ra__cuda_dim_v_blocks(p->head_dim_v);
+    if (zb > 1 && !(io->first && io->last)) { // each D_v block carries its own (m, l)
+        RA_CHECK(ws->zstate, RINGATTN_ERR_INTERNAL, "ringattn: CUDA: D_v = %d over several steps "
+                 "without per-block state", p->head_dim_v);
+        a.state_z = (int64_t)p->num_heads * p->queries->rows;
+        a.m = ws->zstate, a.l = ws->zstate + zb * a.state_z;
+    }
     a.o = io->o->data, a.o_row = io->o->row, a.o_head = io->o->head;
     const int st = p->dtype == RINGATTN_FLOAT32 ? ra__cuda_forward_f32(a, ws->tiles, stream)
                                                 : ra__cuda_forward_tile(a, ws->tiles, stream);
@@ -311,9 +319,11 @@ static ra_backend cuda_table()
     b.to_host = ra__cuda_to_host;
     b.from_host = ra__cuda_from_host;
     b.scan = ra__cuda_scan;
+    b.scan_agreed = ra__cuda_scan_agreed;
     b.merge = nullptr; // ringattn_merge_partials is host memory (the CPU's)
     b.event_record = ra__cuda_event_record;
     b.event_wait = ra__cuda_event_wait;
+    b.device_ops = &ra__cuda_device_ops;
     b.attend_forward = cuda_attend_forward;
     b.backward_prologue = cuda_backward_prologue;
     b.attend_backward = cuda_attend_backward;

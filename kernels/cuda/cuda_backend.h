@@ -10,6 +10,7 @@
 #include "kernels/cuda/forward_launch.cuh"
 
 extern "C" {
+#include "base/device_ops.h"
 #include "base/error.h"
 #include "base/host_stream.h"
 #include "kernels/backend.h"
@@ -34,9 +35,11 @@ struct ra_cuda_ws {
     const int32_t *work;      // [2 * tiles]: (query segment, first index) of each query tile
     int tiles;
     ra_cuda_keys *keys;       // host array [num_key_shards] of device arrays
-    float *absmax;            // [2] of the call's scan (SPEC 9), read by the kernels
+    float *absmax;            // [4]: the call's scan (SPEC 9), max |Q| and |K| read by the
+                              // kernels, then (a ring's backward) the lossy row count
     const int32_t *qseq_first; // [num_seqs + 1] the query segments of each sequence
     float *rows;              // [3, H, local rows]: the backward prologue's D_i, shift, scale
+    float *zstate;            // [2, D_v blocks, H, local rows]: a ring's (m, l) when D_v > 128
 };
 
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }
@@ -65,6 +68,9 @@ ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, vo
 ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream);
 ringattn_status_t ra__cuda_scan(struct ra_workspace *ws, const ra_kernel_params *prm,
                                 const ra_scan_io *io, ra_scan *out);
+ringattn_status_t ra__cuda_scan_agreed(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                       const ra_scan *agreed, void *stream);
 ringattn_status_t ra__cuda_event_record(void *event, void *stream);
 ringattn_status_t ra__cuda_event_wait(void *event, void *stream);
 int ra__cuda_set_device(int device);
+extern "C" const ra_device_ops ra__cuda_device_ops; // a device comm's (comm/threads_device.c)

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     // half of them from c0
     const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
     const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1, c0 = half * HALF;
-    const bool owner = half == 0 && blockIdx.z == 0; // writes the row statistics
+    const bool owner = half == 0 && blockIdx.z == 0; // writes LSE
     ra_span qtile;
     int64_t qb;
     query_tile(a, (int)blockIdx.x, BQ, &qtile, &qb);
@@ -55,13 +55,14 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         for (int i = (int)threadIdx.x; i < BQ * QS; i += (int)blockDim.x) sq[i] = ldexpf(sq[i], -qshift);
     }
 
-    const int64_t at = (int64_t)h * a.tq + qb + row;
+    // the row's state: each D_v block carries its own copy of (m, l) across steps (state_z)
+    const int64_t at = (int64_t)h * a.tq + qb + row, zat = at + (int64_t)blockIdx.z * a.state_z;
     const row_ctx rc = make_row(a, h, qb + row, qtile.pos + row * qtile.stride,
                                 a.delta[qtile.seq], row < lq, qshift);
     float m, l, acc[HALF];
     ra__state_init(&m, &l, acc, HALF);
     if (rc.live && !a.first) { // constant indices: acc stays in registers
-        m = a.m[at], l = a.l[at];
+        m = a.m[zat], l = a.l[zat];
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
             if (c0 + c < dv) acc[c] = a.acc[at * a.dv + v0 + c0 + c];
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     });
     if (!rc.live) return;
     if (!a.last) {
-        if (owner) a.m[at] = m, a.l[at] = l;
+        if (half == 0) a.m[zat] = m, a.l[zat] = l;
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
             if (c0 + c < dv) a.acc[at * a.dv + v0 + c0 + c] = acc[c];

@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile, forward_common.cuh)
     const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
-    const bool owner = blockIdx.z == 0; // writes the row statistics
+    const bool owner = blockIdx.z == 0; // writes LSE
+    const int64_t zstate = (int64_t)blockIdx.z * a.state_z; // this D_v block's copy of (m, l)
     const bool bf16 = a.bf16 != 0;
     const int qshift = q_shift(a);
 
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         rc[r] = make_row(a, h, qb + rows[r], qtile.pos + rows[r] * qtile.stride, delta,
                          rows[r] < lq, qshift);
         const bool carried = rc[r].live && !a.first;
-        m[r] = carried ? a.m[at] : -INFINITY;
-        l[r] = carried ? a.l[at] : 0.0f;
+        m[r] = carried ? a.m[at + zstate] : -INFINITY;
+        l[r] = carried ? a.l[at + zstate] : 0.0f;
         RA_UNROLL
         for (int n = 0; n < DV / 8; ++n)
             RA_UNROLL
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         if (rows[r] >= lq) continue;
         const int64_t at = (int64_t)h * a.tq + qb + rows[r];
         if (!a.last) {
-            if (t == 0 && owner) a.m[at] = m[r], a.l[at] = l[r];
+            if (t == 0) a.m[at + zstate] = m[r], a.l[at + zstate] = l[r];
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL

@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdio>
+#include <cstring>
 
 ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what)
 {
@@ -112,6 +113,16 @@ __global__ void absmax_kernel(ra_view v, int64_t rows, int heads, int dim, unsig
     atomicMax(out, best);
 }
 
+// (head, row) pairs whose LSE is lossy (ra_fwd::lse_lossy, SPEC 9) into *count.
+__global__ void lossy_kernel(const float *lse, size_t n, unsigned *count)
+{
+    unsigned mine = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        mine += ra_fwd::lse_lossy(lse[i]) ? 1u : 0u;
+    if (mine) atomicAdd(count, mine);
+}
+
 } // namespace
 
 ringattn_status_t ra__cuda_copy(const ra_copy *c, void *stream)
@@ -139,22 +150,23 @@ ringattn_status_t ra__cuda_add_f32(float *dst, const float *src, size_t n, void 
     return RINGATTN_SUCCESS;
 }
 
-// SPEC 9's scan, on the device: the kernels read max |Q| and max |K| there and decide whether
-// Q is scaled before the product, so that a call never waits for the device to decide.
+// SPEC 9's scan, on the device: max |Q| and max |K| (float16 is bounded: never scanned) into
+// ws->absmax, and in a backward the lossy LSE rows. On one rank the kernels read the maxima
+// there and decide whether Q is scaled before the product, so that a call never waits for the
+// device; in a ring the values go to the host for the call's agreement (the one wait).
 ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params *p,
                                 const ra_scan_io *io, ra_scan *out)
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
-    *out = ra_scan{0.0f, 0.0f, 0, 1};
-    if (p->dtype == RINGATTN_FLOAT16) return RINGATTN_SUCCESS; // bounded (SPEC 9): not read
+    *out = ra_scan{0.0f, 0.0f, 0, !io->ring};
     const cudaStream_t s = ra__cuda_stream(io->stream);
-    RA_CUDA_TRY(cudaMemsetAsync(ws->absmax, 0, 2 * sizeof(float), s), "cudaMemsetAsync");
+    RA_CUDA_TRY(cudaMemsetAsync(ws->absmax, 0, 4 * sizeof(float), s), "cudaMemsetAsync");
     const struct {
         const ra_view *v;
         int64_t rows;
         int heads;
     } in[2] = {{io->q, io->q_rows, p->num_heads}, {io->k, io->k_rows, p->num_kv_heads}};
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 && p->dtype != RINGATTN_FLOAT16; ++i) {
         const size_t n = (size_t)in[i].rows * in[i].heads * p->head_dim;
         if (!n) continue;
         int st;
@@ -162,7 +174,30 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params
                   in[i].heads, p->head_dim, reinterpret_cast<unsigned *>(ws->absmax + i));
         RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
     }
+    if (!io->ring) return RINGATTN_SUCCESS; // a backward's stats pass finds the lossy rows
+    unsigned *lossy = reinterpret_cast<unsigned *>(ws->absmax + 2);
+    const size_t rows = (size_t)p->num_heads * (size_t)io->q_rows;
+    if (io->lse && rows) {
+        int st;
+        RA_LAUNCH(st, lossy_kernel, dim3(blocks_for(rows)), dim3(THREADS), 0, s, io->lse, rows,
+                  lossy);
+        RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
+    }
+    float host[3];
+    RA_TRY(ra__cuda_to_host(host, ws->absmax, sizeof host, io->stream));
+    unsigned count;
+    std::memcpy(&count, &host[2], sizeof count);
+    *out = ra_scan{host[0], host[1], (int64_t)count, 0};
     return RINGATTN_SUCCESS;
+}
+
+// The ring's agreement into the maxima the kernels read (the local max |Q|, the ring's max |K|).
+ringattn_status_t ra__cuda_scan_agreed(struct ra_workspace *wsp, const ra_kernel_params *p,
+                                       const ra_scan *agreed, void *stream)
+{
+    if (agreed->on_device || p->dtype == RINGATTN_FLOAT16) return RINGATTN_SUCCESS;
+    const float both[2] = {agreed->q_absmax, agreed->k_absmax};
+    return ra__cuda_from_host(ra__cuda_ws(wsp)->absmax, both, sizeof both, stream);
 }
 
 int ra__cuda_set_device(int device)
@@ -188,3 +223,68 @@ ringattn_status_t ra__cuda_event_wait(void *event, void *stream)
                 "cudaStreamWaitEvent");
     return RINGATTN_SUCCESS;
 }
+
+// The device ops of a device comm (base/device_ops.h): raw streams and events of the device.
+namespace {
+
+ringattn_status_t stream_create(void **stream)
+{
+    int least = 0, greatest = 0; // the transport's copies go ahead of queued kernels
+    RA_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    cudaStream_t s;
+    RA_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest),
+                "cudaStreamCreateWithPriority");
+    *stream = s;
+    return RINGATTN_SUCCESS;
+}
+
+void stream_destroy(void *stream) { cudaStreamDestroy((cudaStream_t)stream); }
+
+ringattn_status_t event_create(void **event)
+{
+    cudaEvent_t e;
+    RA_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    *event = e;
+    return RINGATTN_SUCCESS;
+}
+
+void event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+
+ringattn_status_t raw_record(void *event, void *stream)
+{
+    RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), "cudaEventRecord");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_wait(void *stream, void *event)
+{
+    RA_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
+                "cudaStreamWaitEvent");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t copy_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+    RA_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                "cudaMemcpyAsync (device to device)");
+    return RINGATTN_SUCCESS;
+}
+
+ra_device_ops device_ops_table()
+{
+    ra_device_ops d{};
+    d.name = "CUDA";
+    d.set_device = ra__cuda_set_device;
+    d.stream_create = stream_create;
+    d.stream_destroy = stream_destroy;
+    d.event_create = event_create;
+    d.event_destroy = event_destroy;
+    d.event_record = raw_record;
+    d.stream_wait = raw_wait;
+    d.copy_async = copy_async;
+    return d;
+}
+
+} // namespace
+
+extern "C" const ra_device_ops ra__cuda_device_ops = device_ops_table();

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "comm/comm.h"
 #include "ring/compat.h"
 #include "ring/plan/check.h"
 
@@ -172,6 +173,28 @@ static ringattn_status_t check_backend(const ringattn_plan_desc_t *d,
     return RINGATTN_SUCCESS;
 }
 
+/* A ring's transport moves the memory the backend keeps its tensors in: host memory for the
+   CPU backend, the plan's device's for a device backend (a device comm on that device). */
+static ringattn_status_t check_transport(ringattn_comm_t comm, const ringattn_plan_desc_t *d,
+                                         const struct ra_backend *be)
+{
+    if (!comm || comm->size == 1) return RINGATTN_SUCCESS; /* nothing moves */
+    const int device_backend = be->device_ops != NULL;
+    RA_CHECK(device_backend == comm->on_device, RINGATTN_ERR_UNSUPPORTED,
+             FN ": comm: the %s transport moves %s memory, but the %s backend's tensors are %s "
+                "memory (%s)",
+             comm->ops->name, comm->on_device ? "device" : "host", be->name,
+             device_backend ? "device" : "host",
+             device_backend ? "a ring of CUDA plans needs ringattn_comm_create_threads_device"
+                            : "use ringattn_comm_create_threads or an MPI comm");
+    if (!device_backend) return RINGATTN_SUCCESS;
+    const int device = d->device >= 0 ? d->device : be->set_device(-1);
+    RA_CHECK(device == comm->device, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": device: got %d, expected %d, the device of the comm's copies", device,
+             comm->device);
+    return RINGATTN_SUCCESS;
+}
+
 /* Everything a rank can check alone about its descriptor. */
 ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_t *caller,
                                  ringattn_plan_desc_t *desc, const struct ra_backend **backend)
@@ -183,6 +206,7 @@ ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_
     RA_TRY(check_masks(desc));
     RA_TRY(check_tuning(desc));
     RA_TRY(check_backend(desc, backend));
+    RA_TRY(check_transport(comm, desc, *backend));
     if (comm && desc->cu_seqlens_k)
         for (int s = 0; s <= desc->num_seqs; ++s)
             RA_CHECK(desc->cu_seqlens_k[s] == desc->cu_seqlens[s], RINGATTN_ERR_INVALID_ARGUMENT,
