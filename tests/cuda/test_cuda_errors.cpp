@@ -86,30 +86,63 @@ TEST_CASE("CUDA: plans the kernels cannot run are refused with a message", "[cud
     CHECK(p == nullptr);
 }
 
-TEST_CASE("CUDA: a ring plan is refused on every rank (one rank per plan in this release)",
-          "[cuda][errors]")
+// Plan creation on two ranks of comms (threads), each with descriptor edit(rank): statuses and
+// messages.
+static void create_on_two(ringattn_comm_t comms[2], void (*edit)(int, ringattn_plan_desc_t &),
+                   ringattn_status_t st[2], std::string msg[2])
 {
-    ringattn_comm_t comms[2];
-    REQUIRE(ringattn_comm_create_threads(2, comms) == RINGATTN_SUCCESS);
-    ringattn_status_t st[2];
-    std::string msg[2];
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r)
         ranks.emplace_back([&, r] {
-            AttnConfig c = small();
+            const AttnConfig c = small(); // make_desc points into it
             ringattn_plan_desc_t d = make_desc(c);
+            edit(r, d);
             ringattn_plan_t p = nullptr;
             st[r] = ringattn_plan_create(comms[r], &d, &p);
             msg[r] = ringattn_last_error();
             ringattn_plan_destroy(p);
         });
     for (std::thread &t : ranks) t.join();
+}
+
+TEST_CASE("CUDA: a ring's comm must move the plan's memory, on the plan's device", "[cuda][errors]")
+{
+    ringattn_comm_t host[2], dev[2];
+    REQUIRE(ringattn_comm_create_threads(2, host) == RINGATTN_SUCCESS);
+    REQUIRE(ringattn_comm_create_threads_device(2, 0, dev) == RINGATTN_SUCCESS);
+    ringattn_status_t st[2];
+    std::string msg[2];
+    // CUDA plans on the host-memory threads transport
+    create_on_two(host, [](int, ringattn_plan_desc_t &) {}, st, msg);
     for (int r = 0; r < 2; ++r) {
         INFO("rank " << r << ": " << msg[r]);
         CHECK(st[r] == RINGATTN_ERR_UNSUPPORTED);
+        CHECK(has(msg[r], "ringattn_comm_create_threads_device"));
     }
-    CHECK(has(msg[0], "comm NULL"));
-    for (ringattn_comm_t cm : comms) ringattn_comm_destroy(cm);
+    // CPU plans on the device transport
+    create_on_two(dev, [](int, ringattn_plan_desc_t &d) { d.backend = RINGATTN_BACKEND_CPU; }, st, msg);
+    for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r << ": " << msg[r]);
+        CHECK(st[r] == RINGATTN_ERR_UNSUPPORTED);
+        CHECK(has(msg[r], "moves device memory"));
+    }
+    // rank 1's plan on device 1, the comm's copies on device 0: both ranks fail
+    create_on_two(dev, [](int r, ringattn_plan_desc_t &d) { d.device = r; }, st, msg);
+    CHECK(st[0] == RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(st[1] == RINGATTN_ERR_INVALID_ARGUMENT);
+    INFO(msg[1]);
+    CHECK(has(msg[1], "device: got 1, expected 0"));
+    // and then the right plans work on the same comms
+    create_on_two(dev, [](int, ringattn_plan_desc_t &) {}, st, msg);
+    CHECK(st[0] == RINGATTN_SUCCESS);
+    CHECK(st[1] == RINGATTN_SUCCESS);
+    for (ringattn_comm_t cm : host) ringattn_comm_destroy(cm);
+    for (ringattn_comm_t cm : dev) ringattn_comm_destroy(cm);
+    // bad arguments of the device transport itself
+    CHECK(ringattn_comm_create_threads_device(0, 0, dev) == RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(ringattn_comm_create_threads_device(2, -2, dev) == RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(ringattn_comm_create_threads_device(2, 7, dev) == RINGATTN_ERR_CUDA);
+    CHECK(has(ringattn_last_error(), "device 7"));
 }
 
 TEST_CASE("CUDA: host memory and misaligned tensors are refused before anything runs, both directions",

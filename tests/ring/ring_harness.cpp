@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "base/dtype.h"
+#include "support/device.hpp"
 
 namespace ringtest {
 
@@ -110,20 +111,27 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     t.dv.data = dv.device();
     t.key_bias = Hb > 0 ? bias.bind() : nullptr;
     t.dbias = Hb > 0 && pb.want_dbias ? dbias.bind() : nullptr;
+    // each rank's calls on a stream of their own (a device backend): the ring's order between
+    // them is the transport's events alone
+    ratest::DeviceMemory &mem = ratest::device_memory();
+    void *stream = mem.stream_create();
     if (opt.edit_first_call) {
         ringattn_tensors_t edited = t;
         opt.edit_first_call(rank, edited);
-        const ringattn_status_t first = ringattn_forward(plan, &edited, nullptr);
+        const ringattn_status_t first = ringattn_forward(plan, &edited, stream);
         std::lock_guard<std::mutex> lk(sh.mu);
         sh.res.edited_status[(size_t)rank] = first;
     }
-    st = ringattn_forward(plan, &t, nullptr);
-    if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, nullptr);
+    st = ringattn_forward(plan, &t, stream);
+    if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, stream);
     ringattn_plan_destroy(plan);
+    if (st == RINGATTN_SUCCESS) { // downloads wait for the device
+        for (Local *x : {&o, &dq, &dk, &dv}) x->dev.download();
+        lse.dev.download();
+        dbias.dev.download();
+    }
+    if (stream) mem.stream_destroy(stream);
     if (st != RINGATTN_SUCCESS) return sh.fail(st);
-    for (Local *x : {&o, &dq, &dk, &dv}) x->dev.download();
-    lse.dev.download();
-    dbias.dev.download();
     std::lock_guard<std::mutex> lk(sh.mu);
     Result &res = sh.res;
     scatter_rows(res.o, o, c.dtype, (size_t)H * Dv, idx);
@@ -206,7 +214,10 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
         return res;
     }
     std::vector<ringattn_comm_t> comms((size_t)ranks);
-    res.status = ringattn_comm_create_threads(ranks, comms.data());
+    // a device backend's ring moves device memory: the device-copy threads transport
+    res.status = ratest::device_memory().is_host()
+                     ? ringattn_comm_create_threads(ranks, comms.data())
+                     : ringattn_comm_create_threads_device(ranks, -1, comms.data());
     if (res.status != RINGATTN_SUCCESS) return res;
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)

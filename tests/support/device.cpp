@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -9,8 +11,17 @@
 
 namespace ratest {
 
+namespace {
+std::atomic<int> backend_override{-1}; // ScopedBackend's, or -1
+} // namespace
+
+ScopedBackend::ScopedBackend(ringattn_backend_t b) : previous_(backend_override.exchange((int)b)) {}
+ScopedBackend::~ScopedBackend() { backend_override.store(previous_); }
+
 ringattn_backend_t test_backend()
 {
+    const int forced = backend_override.load();
+    if (forced >= 0) return (ringattn_backend_t)forced;
     const char *env = std::getenv("RATEST_BACKEND");
     const std::string b = env ? env : "cpu";
     if (b == "cpu") return RINGATTN_BACKEND_CPU;
@@ -37,6 +48,8 @@ class HostMemory final : public DeviceMemory {
     void release(void *) override {}
     void upload(void *, const void *, size_t) override {}
     void download(void *, const void *, size_t) override {}
+    void *stream_create() override { return nullptr; }
+    void stream_destroy(void *) override {}
 };
 
 // The CUDA runtime the library under test brings (the emulated build exports its fake one) or
@@ -50,7 +63,9 @@ class CudaMemory final : public DeviceMemory {
         copy_ = reinterpret_cast<int (*)(void *, const void *, size_t, int)>(
             dlsym(RTLD_DEFAULT, "cudaMemcpy"));
         sync_ = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "cudaDeviceSynchronize"));
-        if (!malloc_ || !free_ || !copy_ || !sync_)
+        screate_ = reinterpret_cast<int (*)(void **)>(dlsym(RTLD_DEFAULT, "cudaStreamCreate"));
+        sdestroy_ = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "cudaStreamDestroy"));
+        if (!malloc_ || !free_ || !copy_ || !sync_ || !screate_ || !sdestroy_)
             throw std::runtime_error("ratest: RATEST_BACKEND=cuda, but no CUDA runtime is loaded "
                                      "(run against the emulated or the nvcc-built library)");
     }
@@ -69,6 +84,14 @@ class CudaMemory final : public DeviceMemory {
         check(copy_(host, dev, bytes, 4));
     }
 
+    void *stream_create() override
+    {
+        void *s = nullptr;
+        check(screate_(&s));
+        return s;
+    }
+    void stream_destroy(void *s) override { check(sdestroy_(s)); }
+
   private:
     static void check(int e)
     {
@@ -78,6 +101,8 @@ class CudaMemory final : public DeviceMemory {
     int (*free_)(void *);
     int (*copy_)(void *, const void *, size_t, int); // kind 4: cudaMemcpyDefault
     int (*sync_)();
+    int (*screate_)(void **);
+    int (*sdestroy_)(void *);
 };
 
 } // namespace
@@ -102,12 +127,13 @@ bool set_schedule(int kind, unsigned long long seed)
 
 Mirror::~Mirror()
 {
-    if (dev_) device_memory().release(dev_);
+    if (dev_) mem_->release(dev_);
 }
 
 void *Mirror::bind(void *host, size_t bytes)
 {
-    DeviceMemory &m = device_memory();
+    if (!mem_) mem_ = &device_memory();
+    DeviceMemory &m = *mem_;
     host_ = host;
     bytes_ = bytes;
     if (m.is_host() || !host) return host;
@@ -122,8 +148,7 @@ void *Mirror::bind(void *host, size_t bytes)
 
 void Mirror::download()
 {
-    DeviceMemory &m = device_memory();
-    if (!m.is_host() && host_ && dev_) m.download(host_, dev_, bytes_);
+    if (mem_ && !mem_->is_host() && host_ && dev_) mem_->download(host_, dev_, bytes_);
 }
 
 } // namespace ratest

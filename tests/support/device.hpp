@@ -15,6 +15,19 @@ namespace ratest {
 ringattn_backend_t test_backend();
 const char *test_backend_name();
 
+// While one lives, test_backend() is `b` in every thread (a CUDA test running the same case on
+// the CPU backend, in host memory, to compare). Not nested across threads.
+class ScopedBackend {
+  public:
+    explicit ScopedBackend(ringattn_backend_t b);
+    ~ScopedBackend();
+    ScopedBackend(const ScopedBackend &) = delete;
+    ScopedBackend &operator=(const ScopedBackend &) = delete;
+
+  private:
+    int previous_;
+};
+
 // Device memory of the backend under test; is_host(): the tests' host memory is the device's.
 class DeviceMemory {
   public:
@@ -24,6 +37,9 @@ class DeviceMemory {
     virtual void release(void *p) = 0;
     virtual void upload(void *dev, const void *host, size_t bytes) = 0;
     virtual void download(void *host, const void *dev, size_t bytes) = 0;
+    // A stream of the device for one rank's calls (nullptr on a host backend), and its end.
+    virtual void *stream_create() = 0;
+    virtual void stream_destroy(void *stream) = 0;
 };
 
 DeviceMemory &device_memory(); // of test_backend()
@@ -46,6 +62,7 @@ class Mirror {
     void download();
 
   private:
+    DeviceMemory *mem_ = nullptr; // of the backend at the first bind
     void *host_ = nullptr, *dev_ = nullptr;
     size_t bytes_ = 0, capacity_ = 0;
 };
