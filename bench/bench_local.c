@@ -13,7 +13,7 @@
  * and any wrong result makes the exit status 1. layout "naive" rows are a dense plain-loop
  * float32 implementation (single thread) at T = 1024, for comparison. --backend cuda runs the
  * same float32 problems on the CUDA backend (device copies of the tensors; each run ends with a
- * device synchronisation): forward only for now, threads 1 (one device), eff% 0 (no ceiling).
+ * device synchronisation): forward and backward, threads 1 (one device), eff% 0 (no ceiling).
  *
  * Run with --help for the flags; bench/README.md explains the output. The helpers it shares with
  * the other benchmarks are in common.h.
@@ -343,32 +343,41 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
 
 static cuda_memory_t cuda_memory;
 
-/* The forward on the CUDA backend: Q, K, V copied to the device, O and LSE back after the runs
-   for the float64 check. */
+/* Forward and backward on the CUDA backend: Q, K, V, dO copied to the device, O, LSE and the
+   gradients back after the runs for the float64 check. */
 static void bench_library_cuda(const options_t *opt, problem_t *p, const reference_t *ref,
                                lib_ctx_t *c) {
     const size_t q = sizeof(float) * (size_t)p->T * p->H * p->D;
     const size_t kv = sizeof(float) * (size_t)p->T * p->HKV * p->D;
     const size_t lse = sizeof(float) * (size_t)p->T * p->H;
     const cuda_memory_t *m = &cuda_memory;
-    void *dq = cuda_memory_upload(m, p->q, q), *dk = cuda_memory_upload(m, p->k, kv),
-         *dv = cuda_memory_upload(m, p->v, kv), *dout = cuda_memory_upload(m, NULL, q),
-         *dlse = cuda_memory_upload(m, NULL, lse);
-    double fwd = -1.0;
-    if (dq && dk && dv && dout && dlse) {
+    enum { Q, K, V, O, LSE, DO, DQ, DK, DV, N };
+    const void *from[N] = {p->q, p->k, p->v, NULL, NULL, p->dout, NULL, NULL, NULL};
+    const size_t bytes[N] = {q, kv, kv, q, lse, q, q, kv, kv};
+    void *d[N];
+    int ok = 1;
+    for (int i = 0; i < N; ++i) ok &= (d[i] = cuda_memory_upload(m, from[i], bytes[i])) != NULL;
+    double fwd = -1.0, bwd = -1.0;
+    if (ok) {
         c->cuda = m;
         c->t = (ringattn_tensors_t)RINGATTN_TENSORS_INIT;
-        c->t.q.data = dq, c->t.k.data = dk, c->t.v.data = dv, c->t.o.data = dout, c->t.lse = dlse;
+        c->t.q.data = d[Q], c->t.k.data = d[K], c->t.v.data = d[V], c->t.o.data = d[O];
+        c->t.lse = d[LSE], c->t.dout.data = d[DO];
+        c->t.dq.data = d[DQ], c->t.dk.data = d[DK], c->t.dv.data = d[DV];
         fwd = measure(opt, run_lib, c, 0);
-        if (fwd >= 0 && (m->copy(p->o, dout, q, 4) != 0 || m->copy(p->lse, dlse, lse, 4) != 0))
+        if (fwd >= 0 && (m->copy(p->o, d[O], q, 4) != 0 || m->copy(p->lse, d[LSE], lse, 4) != 0))
             fwd = -1.0;
+        if (fwd >= 0) bwd = measure(opt, run_lib, c, 1);
+        if (bwd >= 0 && (m->copy(p->dq, d[DQ], q, 4) || m->copy(p->dk, d[DK], kv, 4) ||
+                         m->copy(p->dv, d[DV], kv, 4)))
+            bwd = -1.0;
     } else {
         fprintf(stderr, "bench_local: --backend cuda: device allocation failed\n");
     }
     report(opt, p, ref, 1, 0, 0, fwd);
-    void *all[] = {dq, dk, dv, dout, dlse};
-    for (int i = 0; i < 5; ++i)
-        if (all[i]) m->free_(all[i]);
+    if (fwd >= 0) report(opt, p, ref, 1, 0, 1, bwd);
+    for (int i = 0; i < N; ++i)
+        if (d[i]) m->free_(d[i]);
 }
 
 static void bench_library(const options_t *opt, problem_t *p, const reference_t *ref, int threads) {
@@ -468,7 +477,7 @@ static void usage(void) {
         "  --budget 4 s is spent on one measurement; --sample 16 rows checked against float64.\n"
         "  --quick: T 1024,8192,32768 (32768 window only), D 128, all threads, 1 run (< 1 min).\n"
         "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n"
-        "  --backend cuda: the forward on the CUDA backend (one device: --threads is ignored).\n",
+        "  --backend cuda: the CUDA backend (one device: --threads is ignored).\n",
         WINDOW);
 }
 
@@ -577,8 +586,8 @@ int main(int argc, char **argv) {
     printf("# ringattn %s bench_local: backend %s, ranks 1, threads 1..%d, kv heads %d\n",
            ringattn_version_string(), backend, max_threads, opt.kv_heads);
     if (opt.cuda)
-        printf("# backend cuda: forward only (no CUDA backward yet), device copies of the tensors,"
-               " each run timed to a device synchronisation; eff%% 0: no device ceiling\n");
+        printf("# backend cuda: device copies of the tensors, each run timed to a device "
+               "synchronisation; eff%% 0: no device ceiling\n");
     print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
                "#   ceiling) and ringattn's tile products run several times slower than they can.\n"
                "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n");
