@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# The H200 check (CUDA.md section 4), for what exists so far: the forward tile kernel driven
-# directly (bench/gpu/fwd_tile_gpu.cu: needs only nvcc), then the library's own CUDA tests
-# (test_cuda_attention, test_cuda_errors: SPEC 9 against float64, three runs) where the machine
-# can build the library (OpenBLAS and Catch2; else that stage is skipped with the reason). One
-# run of at most about 6 minutes; each stage under its own timeout; at most 8 files in the
-# output folder (default $OUT, else ./gpu-check): env.txt build.txt test.txt sanitizer.txt
-# bench.txt sdpa.txt library.txt summary.md. Without a GPU every GPU stage ends cleanly as
-# "skipped" (the dry run).
+# The H200 check (CUDA.md section 4): the forward tile kernel driven directly
+# (bench/gpu/fwd_tile_gpu.cu: needs only nvcc), PyTorch SDPA's flash and cuDNN forward and
+# backward as the anchor, then the library built with the CUDA backend for sm_90: its CUDA tests
+# three times (test_cuda_attention: forward and backward against float64; test_cuda_errors;
+# test_cuda_ring: the ring with ranks as threads over the device-copy transport),
+# compute-sanitizer on the backward and the ring, and bench_ring_cuda (single-rank forward and
+# backward TFLOP/s at T = 16K, H = 16, D = 128, bf16, causal; the one-GPU ring at P = 2, 3, 4
+# against one rank). One run of at most about 8 minutes; each stage under its own timeout; at
+# most 8 files in the output folder (default $OUT, else ./gpu-check): env.txt kernel.txt sdpa.txt
+# library.txt sanitizer.txt ring.txt summary.md. Without a GPU every GPU stage ends cleanly as
+# "skipped" (the dry run; CHECK_DRY=1 builds the library anyway); the library stages need
+# OpenBLAS and Catch2 (else skipped, with why).
 #   bash bench/gpu/check.sh [OUTDIR]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${1:-${OUT:-$PWD/gpu-check}}"
 mkdir -p "$out"
 exe="$out/../fwd_tile_gpu.$$" # built outside the output folder: only the 7 files come back
+lib="$out/../ringattn-build.$$"
 rows=()
 
-# stage NAME LIMIT_S FILE COMMAND...: runs it, records status (ok / skipped / FAILED) and time
+# stage NAME LIMIT_S FILE COMMAND...: runs it (appending to FILE), records status (ok / skipped
+# / FAILED) and time
 stage() {
     local name="$1" limit="$2" file="$3"; shift 3
     local t0=$SECONDS rc=0
-    timeout "$limit" bash -c '"$@"' stage "$@" > "$out/$file" 2>&1 || rc=$?
+    echo "=== $name" >> "$out/$file"
+    timeout "$limit" bash -c '"$@"' stage "$@" >> "$out/$file" 2>&1 || rc=$?
     local status=ok
     [[ $rc -eq 77 ]] && status=skipped
     [[ $rc -eq 124 ]] && status="FAILED (timeout ${limit}s)"
@@ -29,66 +36,97 @@ stage() {
     return $rc
 }
 
+have_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+
 env_info() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"
     nvcc --version | tail -2
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())" 2>&1 || true
-    command -v nvidia-smi >/dev/null || exit 77
+    have_gpu || exit 77
 }
 
-build() {
+build_kernel() {
     nvcc -std=c++17 -O3 -arch=sm_90 -I"$root" -I"$root/include" -Xptxas -v \
          "$root/bench/gpu/fwd_tile_gpu.cu" -o "$exe" 2>&1 | grep -E "error|Compiling|registers|spill"
     [[ -x "$exe" ]]
 }
 
-sanitize() {
-    command -v compute-sanitizer >/dev/null || { echo "no compute-sanitizer: skipped"; exit 77; }
-    [[ -x "$exe" ]] || { echo "not built: skipped"; exit 77; }
-    "$exe" test > /dev/null; [[ $? -eq 77 ]] && { echo "no GPU: skipped"; exit 77; }
-    local rc=0
-    for tool in memcheck racecheck synccheck initcheck; do
-        echo "== $tool"
-        compute-sanitizer --tool "$tool" --error-exitcode 9 "$exe" test 2>&1 | tail -4 || rc=1
-    done
-    return $rc
+run_built() { [[ -x "$exe" ]] || { echo "not built: skipped"; exit 77; }; "$exe" "$@"; }
+
+# The library with the CUDA backend for sm_90, its CUDA tests and bench_ring_cuda.
+build_library() { # CHECK_DRY=1: builds without a GPU too (a dry run of this stage)
+    have_gpu || [[ "${CHECK_DRY:-0}" == 1 ]] || { echo "no GPU: skipped"; exit 77; }
+    cmake -S "$root" -B "$lib" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_BUILD_EXAMPLES=OFF \
+        -DRINGATTN_ENABLE_MPI=OFF > "$lib.configure.log" 2>&1 ||
+        { echo "configure failed (OpenBLAS or Catch2 missing?): skipped"; tail -3 "$lib.configure.log"; exit 77; }
+    # a register spill is a build error (-Xptxas --warn-on-spills,--warning-as-error)
+    cmake --build "$lib" -j "$(nproc)" --target test_cuda_attention test_cuda_errors test_cuda_ring \
+        bench_ring_cuda > "$lib.build.log" 2>&1 ||
+        { grep -E "error|spill" "$lib.build.log" | grep -v "error\.c" | head -20; exit 1; }
+    grep -c "Building" "$lib.build.log" | sed 's/^/sources compiled: /'
+    [[ -x "$lib/tests/test_cuda_ring" && -x "$lib/bench/bench_ring_cuda" ]]
 }
 
-# The library built with the CUDA backend for sm_90, and its GPU tests three times.
-library() {
-    set -o pipefail
-    command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
-    local b="$out/../ringattn-build.$$"
-    cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_BUILD_BENCH=OFF \
-        -DRINGATTN_BUILD_EXAMPLES=OFF > "$b.configure.log" 2>&1 ||
-        { echo "configure failed (OpenBLAS or Catch2 missing?): skipped"; tail -3 "$b.configure.log"; exit 77; }
-    cmake --build "$b" -j "$(nproc)" --target test_cuda_attention test_cuda_errors 2>&1 | grep -E "error|spill" && exit 1
+built_library() { [[ -x "$lib/tests/test_cuda_ring" ]] || { echo "library not built: skipped"; exit 77; }; }
+
+library_tests() {
+    built_library
+    have_gpu || { echo "no GPU: skipped"; exit 77; }
     local rc=0
     for run in 1 2 3; do
-        for t in test_cuda_attention test_cuda_errors; do
+        for t in test_cuda_attention test_cuda_errors test_cuda_ring; do
             echo "== $t, run $run"
-            RATEST_BACKEND=cuda RATEST_GPU=1 "$b/tests/$t" 2>&1 | tail -3 || rc=1
+            RATEST_BACKEND=cuda RATEST_GPU=1 "$lib/tests/$t" 2>&1 | tail -3 || rc=1
         done
     done
-    rm -rf "$b" "$b.configure.log"
     return $rc
 }
 
-export root exe out
-export -f env_info build sanitize library
-run_built() { [[ -x "$exe" ]] || { echo "not built: skipped"; exit 77; }; "$exe" "$@"; }
-export -f run_built
+# racecheck and synccheck on the backward (SPEC 10 case 8's tiny shapes run forward and
+# backward), memcheck and initcheck on it and on a ring over the device-copy transport
+sanitize() {
+    built_library
+    have_gpu || { echo "no GPU: skipped"; exit 77; }
+    command -v compute-sanitizer >/dev/null || { echo "no compute-sanitizer: skipped"; exit 77; }
+    local rc=0
+    for tool in racecheck synccheck memcheck initcheck; do
+        echo "== $tool: test_cuda_attention [fd]"
+        RATEST_BACKEND=cuda RATEST_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+            "$lib/tests/test_cuda_attention" "[fd]" 2>&1 | tail -3 || rc=1
+    done
+    for tool in memcheck racecheck; do
+        echo "== $tool: test_cuda_ring, D_v above one tile"
+        RATEST_BACKEND=cuda RATEST_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+            "$lib/tests/test_cuda_ring" "[dims]" 2>&1 | tail -3 || rc=1
+    done
+    return $rc
+}
+
+ring_bench() {
+    built_library
+    have_gpu || { echo "no GPU: skipped"; exit 77; }
+    "$lib/bench/bench_ring_cuda" --seq 16384 --heads 16 --kv-heads 16 --dim 128 --dtype bf16 \
+        --mask causal --ranks 2,3,4 --layouts zigzag --reps 3
+    "$lib/bench/bench_ring_cuda" --seq 4096 --heads 16 --kv-heads 16 --dim 128 --dtype f32 \
+        --mask causal --ranks 2,4 --layouts contig,striped --reps 3
+}
+
+export root exe out lib
+export -f env_info have_gpu build_kernel run_built build_library built_library library_tests \
+    sanitize ring_bench
 
 stage environment 30 env.txt env_info
-stage "build sm_90" 180 build.txt build
-stage "kernel tests on the GPU (3 runs bitwise)" 60 test.txt run_built test
-stage compute-sanitizer 150 sanitizer.txt sanitize
-stage "forward TFLOP/s" 60 bench.txt run_built bench
-stage "PyTorch SDPA flash / cuDNN" 90 sdpa.txt python3 "$root/bench/gpu/sdpa_bench.py"
-stage "library CUDA tests on the GPU (3 runs)" 240 library.txt library
-rm -f "$exe"
+stage "forward tile kernel: build sm_90" 150 kernel.txt build_kernel
+stage "forward tile kernel: tests (3 runs bitwise)" 40 kernel.txt run_built test
+stage "forward tile kernel: TFLOP/s" 40 kernel.txt run_built bench
+stage "PyTorch SDPA flash / cuDNN, forward and backward" 100 sdpa.txt python3 "$root/bench/gpu/sdpa_bench.py"
+stage "library: build sm_90" 240 library.txt build_library
+stage "library: CUDA tests (3 runs)" 150 library.txt library_tests
+stage "library: compute-sanitizer (backward, ring)" 150 sanitizer.txt sanitize
+stage "library: ring on one GPU, P = 2, 3, 4 (bench_ring_cuda)" 90 ring.txt ring_bench
+rm -rf "$exe" "$lib" "$lib.configure.log" "$lib.build.log"
 
 {
     echo "# H200 check: $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -98,12 +136,18 @@ rm -f "$exe"
     printf '%s\n' "${rows[@]}"
     echo
     echo "## ringattn forward tile kernel"
-    grep '^|' "$out/bench.txt" 2>/dev/null || echo "(no GPU)"
+    grep '^|' "$out/kernel.txt" 2>/dev/null || echo "(no GPU)"
     echo
     echo "## PyTorch SDPA"
     grep -E '^\||fully masked' "$out/sdpa.txt" 2>/dev/null || echo "(no torch or no GPU)"
     echo
     echo "## The library's CUDA tests"
     grep -E '^==|All tests passed|^test cases|skipped' "$out/library.txt" 2>/dev/null || echo "(not run)"
+    echo
+    echo "## compute-sanitizer"
+    grep -E '^==|ERROR SUMMARY|skipped' "$out/sanitizer.txt" 2>/dev/null || echo "(not run)"
+    echo
+    echo "## bench_ring_cuda: single rank and the ring on one GPU"
+    grep -E '^ *[0-9]+ |^#|skipped' "$out/ring.txt" 2>/dev/null || echo "(not run)"
 } > "$out/summary.md"
 cat "$out/summary.md"

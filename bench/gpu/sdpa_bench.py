@@ -1,6 +1,7 @@
-"""PyTorch SDPA's flash and cuDNN backends on the shapes of fwd_tile_gpu bench (the H200
-check's anchor, CUDA.md section 4): forward TFLOP/s, bf16, T = 4K and 16K, H = 16, D = 64 and
-128, full and causal, best of 10 after 3 warm-ups; and what each returns for a fully masked row.
+"""PyTorch SDPA's flash and cuDNN backends on the shapes of fwd_tile_gpu bench and
+bench_ring_cuda (the H200 check's anchor, CUDA.md section 4): forward and backward TFLOP/s,
+bf16, T = 4K and 16K, H = 16, D = 64 and 128, full and causal, best of 10 after 3 warm-ups; and
+what each returns for a fully masked row.
 Prints a markdown table; exits 77 without torch or a GPU."""
 import sys
 
@@ -15,30 +16,43 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 F = torch.nn.functional
-print("| backend | T | H | D | mask | ms | TFLOP/s |\n|---|---|---|---|---|---|---|")
+
+
+def best_ms(fn, reps=10, warm=3):
+    """Best of reps CUDA-event timings of fn() after warm calls."""
+    for _ in range(warm):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, a.elapsed_time(b))
+    return best
+
+
+print("| backend | T | H | D | mask | pass | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|")
 for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
     for T in (4096, 16384):
         for D in (64, 128):
             for causal in (False, True):
-                q = torch.randn(1, 16, T, D, device="cuda", dtype=torch.bfloat16)
+                shape = f"| {name} | {T} | 16 | {D} | {'causal' if causal else 'full'} |"
+                q, k, v = (torch.randn(1, 16, T, D, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                g = torch.randn_like(q)
+                # FlashAttention's count: 4 D flop per allowed pair and head forward, 2.5x backward
+                flop = 4.0 * T * T * 16 * D * (0.5 if causal else 1.0)
                 try:
                     with sdpa_kernel(backend):
-                        for _ in range(3):
-                            F.scaled_dot_product_attention(q, q, q, is_causal=causal)
-                        best = float("inf")
-                        for _ in range(10):
-                            a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-                            a.record()
-                            F.scaled_dot_product_attention(q, q, q, is_causal=causal)
-                            b.record()
-                            torch.cuda.synchronize()
-                            best = min(best, a.elapsed_time(b))
-                    flop = 4.0 * T * T * 16 * D * (0.5 if causal else 1.0)
-                    print(f"| {name} | {T} | 16 | {D} | {'causal' if causal else 'full'} | "
-                          f"{best:.3f} | {flop / (best * 1e-3) / 1e12:.1f} |")
+                        fwd = best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        bwd = best_ms(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True))
+                    for pas, ms, f in (("forward", fwd, flop), ("backward", bwd, 2.5 * flop)):
+                        print(f"{shape} {pas} | {ms:.3f} | {f / (ms * 1e-3) / 1e12:.1f} |")
                 except RuntimeError as e:
-                    print(f"| {name} | {T} | 16 | {D} | {'causal' if causal else 'full'} | - | "
-                          f"unavailable: {str(e).splitlines()[0][:60]} |")
+                    print(f"{shape} - | - | unavailable: {str(e).splitlines()[0][:60]} |")
 # a fully masked row: what does each backend return? (ringattn: O = 0, LSE = -inf)
 q = torch.randn(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
 mask = torch.ones(1, 1, 4, 4, device="cuda", dtype=torch.bool)
