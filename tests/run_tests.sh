@@ -48,7 +48,8 @@ if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
     cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_EMU=OFF \
         -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=OFF -DRINGATTN_ENABLE_MPI=OFF
-    cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors
+    cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors \
+        test_cuda_ring
     (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
     echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend runs below)"

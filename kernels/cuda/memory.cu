@@ -211,17 +211,32 @@ int ra__cuda_set_device(int device)
     return previous;
 }
 
+// Events on raw streams (a device comm's), and on a call's (the backend table's).
+namespace {
+
+ringattn_status_t raw_record(void *event, void *stream)
+{
+    RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), "cudaEventRecord");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_wait(void *stream, void *event)
+{
+    RA_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
+                "cudaStreamWaitEvent");
+    return RINGATTN_SUCCESS;
+}
+
+} // namespace
+
 ringattn_status_t ra__cuda_event_record(void *event, void *stream)
 {
-    RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, ra__cuda_stream(stream)), "cudaEventRecord");
-    return RINGATTN_SUCCESS;
+    return raw_record(event, ra__cuda_stream(stream));
 }
 
 ringattn_status_t ra__cuda_event_wait(void *event, void *stream)
 {
-    RA_CUDA_TRY(cudaStreamWaitEvent(ra__cuda_stream(stream), (cudaEvent_t)event, 0),
-                "cudaStreamWaitEvent");
-    return RINGATTN_SUCCESS;
+    return raw_wait(ra__cuda_stream(stream), event);
 }
 
 // The device ops of a device comm (base/device_ops.h): raw streams and events of the device.
@@ -249,19 +264,6 @@ ringattn_status_t event_create(void **event)
 }
 
 void event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
-
-ringattn_status_t raw_record(void *event, void *stream)
-{
-    RA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), "cudaEventRecord");
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t raw_wait(void *stream, void *event)
-{
-    RA_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0),
-                "cudaStreamWaitEvent");
-    return RINGATTN_SUCCESS;
-}
 
 ringattn_status_t copy_async(void *dst, const void *src, size_t bytes, void *stream)
 {

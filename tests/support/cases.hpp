@@ -154,13 +154,36 @@ inline void set_equal_logit_qk(Problem &pb, double x, std::mt19937_64 &rng)
         }
 }
 
-// A problem with packed inputs (the ring harness reads them row by row), drawn from seed; its
-// bias, when c has one and does not give it, from N(0, sigma_bias).
 inline Problem packed_problem(const AttnConfig &c, uint64_t seed, double sigma_bias = 1.0)
 {
     std::mt19937_64 rng(seed);
     return Problem(c, Storage::Packed, rng, 1.0, sigma_bias);
 }
+
+// The ring tests' SPEC 10 case 11 or 12 on batch c (its cu_q becomes {0, 100, 131}): a key bias
+// of -1e30 on every key (each row's softmax exactly uniform, its LSE -1e30 without log(l)), or
+// q and k entries of +-2^63 with scale 2^-7 (the unscaled sums overflow, the scaled ones are
+// exact) with every key of the same signs. Both have lossy LSE rows whose max and sum the
+// backward recomputes; the logits are exact, so the plain limits apply.
+inline Problem lossy_lse_problem(AttnConfig c, int which)
+{
+    c.cu_q = {0, 100, 131};
+    if (which == 11) {
+        c.key_bias_heads = 1;
+        c.bias.assign(131, -1e30);
+    } else {
+        c.scale = 0.0078125f;
+    }
+    Problem pb = packed_problem(c, 5000 + (uint64_t)which);
+    if (which == 12) {
+        std::mt19937_64 rng(5012);
+        set_equal_logit_qk(pb, std::ldexp(1.0, 63), rng);
+    }
+    return pb;
+}
+
+// A problem with packed inputs (the ring harness reads them row by row), drawn from seed; its
+// bias, when c has one and does not give it, from N(0, sigma_bias).
 
 // The masks of the "rows with no allowed key" cases, for a first sequence of 60 queries and 30
 // keys (delta = -30) and tiles of 8: 0 causal (its rows 0..29 empty), 1 window (-1, 3) (rows with
