@@ -256,7 +256,8 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  * O and LSE from Q, K, V. stream: NULL on the CPU backend (the call returns when its outputs are
  * written).
  *
- * The CUDA backend (desc.backend = RINGATTN_BACKEND_CUDA; one rank, comm NULL, in this release):
+ * The CUDA backend (desc.backend = RINGATTN_BACKEND_CUDA; one rank, or a ring over a comm of
+ * ringattn_comm_create_threads_device):
  * - Tensors, lse and key_bias are device memory of the plan's device (else RINGATTN_ERR_CUDA);
  *   Q, K and V start 16-byte aligned with strides in whole 16 bytes (8 elements of float16 or
  *   bfloat16, 4 of float32), else RINGATTN_ERR_UNSUPPORTED. Head dims: multiples of 8 (float32:
@@ -274,7 +275,12 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  *   RINGATTN_ERR_CUDA with the runtime's message, at the first call that sees it; after a fault
  *   the CUDA context is unusable, as for every CUDA library.
  * - ringattn_backward follows the same contract (deterministic: repeated calls give the same
- *   bits). A plan of several ranks is RINGATTN_ERR_UNSUPPORTED on the CUDA backend for now.
+ *   bits).
+ * - In a ring the call also waits once for its stream, for the call's agreement (SPEC 9: the
+ *   maxima of Q and K, and in the backward whether any LSE row is lossy, reach the host);
+ *   the shards then move on the transport's streams, ordered with stream by events, without a
+ *   host wait. A comm that moves host memory (threads, MPI) is RINGATTN_ERR_UNSUPPORTED for a
+ *   CUDA plan at plan creation, as is a device comm for a CPU plan.
  */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);
