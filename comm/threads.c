@@ -52,6 +52,7 @@ static void unlink_post(hub *h, post *p)
 static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_status_t *st)
 {
     int complete = 1;
+    ringattn_status_t e;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         ra_msg *r = &x->recv[i];
         for (post *p = h->posts; r->bytes && p; p = p->next) {
@@ -62,8 +63,9 @@ static int progress_locked(ringattn_comm_t c, hub *h, ra_exchange *x, ringattn_s
                                "ringattn comm %s: message from rank %d: got %zu bytes, "
                                "expected %zu",
                                c->ops->name, p->src, p->bytes, r->bytes);
-            else if (h->dev) *st = ra__threads_device_copy(h, c->rank, i, p, r);
-            else memcpy(r->buf, p->buf, p->bytes);
+            else if (!h->dev) memcpy(r->buf, p->buf, p->bytes);
+            else if ((e = ra__threads_device_copy(h, c->rank, i, p, r)) != RINGATTN_SUCCESS)
+                *st = e; /* a later success does not hide it */
             p->consumed = 1;
             r->bytes = 0; /* received */
             ++h->moves;
@@ -85,6 +87,21 @@ static void th_poll(void *ctx)
     pthread_mutex_lock(&h->mu);
     (void)progress_locked(x->comm, h, x, &st);
     pthread_mutex_unlock(&h->mu);
+}
+
+/* Gives up an exchange, lock held: its posts are withdrawn (their buffers go back to the
+   sender), its receives dropped. Returns the first peer it was still waiting for. */
+static int give_up_locked(hub *h, ra_exchange *x)
+{
+    int from = -1;
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
+        post *mine = &state_of(x)->posts[i];
+        if (mine->live) unlink_post(h, mine);
+        if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
+        if (mine->live && from < 0) from = mine->dst;
+        x->recv[i].bytes = 0;
+    }
+    return from;
 }
 
 static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *stream)
@@ -118,7 +135,9 @@ static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *strea
     if (h->dev) { /* queue the copies of messages already on offer */
         pthread_mutex_lock(&h->mu);
         (void)progress_locked(c, h, x, &st);
+        if (st != RINGATTN_SUCCESS) give_up_locked(h, x); /* no wait follows a failed start */
         pthread_mutex_unlock(&h->mu);
+        if (st != RINGATTN_SUCCESS) h->ranks[c->rank].busy = 0;
     }
     return st;
 }
@@ -131,21 +150,6 @@ static ringattn_status_t th_test(ringattn_comm_t c, ra_exchange *x, int *done)
     *done = progress_locked(c, h, x, &st);
     pthread_mutex_unlock(&h->mu);
     return st;
-}
-
-/* Gives up an exchange, lock held: its posts are withdrawn (their buffers go back to the
-   sender), its receives dropped. Returns the first peer it was still waiting for. */
-static int give_up_locked(hub *h, ra_exchange *x)
-{
-    int from = -1;
-    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
-        post *mine = &state_of(x)->posts[i];
-        if (mine->live) unlink_post(h, mine);
-        if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
-        if (mine->live && from < 0) from = mine->dst;
-        x->recv[i].bytes = 0;
-    }
-    return from;
 }
 
 static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)

@@ -290,7 +290,13 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 
-cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete e, cudaSuccess; }
+// CUDA releases an event once the work queued on it has run: queued waits still read it here
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    drain(all_empty);
+    return delete e, cudaSuccess;
+}
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
