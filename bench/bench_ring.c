@@ -13,6 +13,8 @@
  *    (ringattn_plan_local_tokens) and the SPEC 3 mask. Includes a window narrower than a shard
  *    on 4 ranks (over MPI when the job has 4 ranks, else over the threads transport inside
  *    rank 0): steps and bytes only, no times.
+ * With --backend cuda it runs bench_ring_cuda.c instead: the CUDA ring with ranks as threads on
+ * one device over the device-copy transport (no MPI ranks; bench/README.md).
  * 3. Overlap. ring time against compute time (the same shards over the threads transport, minus
  *    its in-process copies) and exchange time (the ring's own messages alone, MPI_Isend/Irecv);
  *    hidden = (compute + exchange - ring) / exchange. Also the time the ring spends inside MPI
@@ -694,6 +696,13 @@ static void run_overlap(const problem_t *pb, int threads, int reps, const sample
 }
 
 int main(int argc, char **argv) {
+    /* --backend cuda: the CUDA ring with ranks as threads on one device (bench_ring_cuda.c),
+       without MPI ranks: the device-copy transport moves no data between processes */
+    for (int i = 1; i + 1 < argc; ++i)
+        if (!strcmp(argv[i], "--backend") && !strcmp(argv[i + 1], "cuda")) {
+            for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2]; /* drop the pair */
+            return bench_ring_cuda(argc - 2, argv);
+        }
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

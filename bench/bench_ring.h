@@ -133,4 +133,7 @@ void print_overlap_figures(const overlap_t *ov, int n); /* the tracked figures' 
 
 #pragma GCC visibility pop
 
+/* bench_ring_cuda.c: the CUDA ring on one device (bench_ring --backend cuda, bench_ring_cuda). */
+int bench_ring_cuda(int argc, char **argv);
+
 #endif /* RINGATTN_BENCH_RING_H */

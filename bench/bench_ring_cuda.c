@@ -6,6 +6,7 @@
  *
  *   bench_ring_cuda [--seq T] [--heads H] [--kv-heads HK] [--dim D] [--mask causal|none]
  *                   [--dtype bf16|f32] [--ranks LIST] [--layouts LIST] [--reps N]
+ *   bench_ring --backend cuda [the same flags]      (the same, in builds with MPI)
  *
  * For each pass (forward, backward) and each (layout, P): time_ms is the best of N runs, from a
  * barrier of every rank to the last rank's stream synchronisation; TFLOP/s counts the allowed
@@ -342,7 +343,7 @@ static int parse(int argc, char **argv, options_t *o) {
     return o->H % o->HKV == 0;
 }
 
-int main(int argc, char **argv) {
+int bench_ring_cuda(int argc, char **argv) {
     options_t o;
     if (!parse(argc, argv, &o)) return 2;
     if (cuda_memory_load(&cuda, BENCH_NAME)) return 2;
