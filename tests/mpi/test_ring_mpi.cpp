@@ -26,12 +26,10 @@ using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
 using ringtest::Result;
+using ringtest::all_layouts;
 using ringtest::RunOptions;
 
 namespace {
-
-const ringattn_layout_t all_layouts[] = {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
-                                         RINGATTN_LAYOUT_STRIPED};
 
 void allreduce_sum(std::vector<float> &v, MPI_Comm comm)
 {

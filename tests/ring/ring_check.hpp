@@ -13,6 +13,9 @@
 
 namespace ringtest {
 
+inline const ringattn_layout_t all_layouts[] = {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
+                                                RINGATTN_LAYOUT_STRIPED};
+
 // The oracle's references of pb, computed once for any number of results of it.
 inline ratest::Spec9 judge_of(const ratest::Problem &pb)
 {

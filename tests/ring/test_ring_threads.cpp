@@ -18,12 +18,10 @@ using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
 using ringtest::Result;
+using ringtest::all_layouts;
 using ringtest::RunOptions;
 
 namespace {
-
-const ringattn_layout_t all_layouts[] = {RINGATTN_LAYOUT_CONTIGUOUS, RINGATTN_LAYOUT_ZIGZAG,
-                                         RINGATTN_LAYOUT_STRIPED};
 
 // The single-rank plan and the ring on each number of ranks in `ranks`, under every layout,
 // each within SPEC 9 of the oracle.
