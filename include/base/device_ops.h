@@ -24,6 +24,15 @@ typedef struct ra_device_ops {
     /* Work queued on stream after this waits for the event's latest record. */
     ringattn_status_t (*stream_wait)(void *stream, void *event);
     ringattn_status_t (*copy_async)(void *dst, const void *src, size_t bytes, void *stream);
+    /* *done = 1 once the event's latest record has run; never waits. */
+    ringattn_status_t (*event_query)(void *event, int *done);
+    /* Device memory, and host memory to and from it (control-plane values): from_host returns
+       once the host bytes are read, to_host once they are written. */
+    ringattn_status_t (*alloc)(size_t bytes, void **ptr);
+    void (*free)(void *ptr);
+    ringattn_status_t (*zero)(void *dst, size_t bytes, void *stream);
+    ringattn_status_t (*copy_from_host)(void *dst, const void *host, size_t bytes, void *stream);
+    ringattn_status_t (*copy_to_host)(void *host, const void *src, size_t bytes);
 } ra_device_ops;
 
 #endif

@@ -272,6 +272,34 @@ ringattn_status_t copy_async(void *dst, const void *src, size_t bytes, void *str
     return RINGATTN_SUCCESS;
 }
 
+ringattn_status_t event_query(void *event, int *done)
+{
+    const cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    *done = e == cudaSuccess;
+    if (e == cudaErrorNotReady) return RINGATTN_SUCCESS;
+    RA_CUDA_TRY(e, "cudaEventQuery");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_zero(void *dst, size_t bytes, void *stream)
+{
+    RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_from_host(void *dst, const void *host, size_t bytes, void *stream)
+{
+    RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream),
+                "cudaMemcpyAsync");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes)
+{
+    RA_CUDA_TRY(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return RINGATTN_SUCCESS;
+}
+
 ra_device_ops device_ops_table()
 {
     ra_device_ops d{};
@@ -284,6 +312,12 @@ ra_device_ops device_ops_table()
     d.event_record = raw_record;
     d.stream_wait = raw_wait;
     d.copy_async = copy_async;
+    d.event_query = event_query;
+    d.alloc = ra__cuda_alloc;
+    d.free = ra__cuda_free;
+    d.zero = raw_zero;
+    d.copy_from_host = raw_from_host;
+    d.copy_to_host = raw_to_host;
     return d;
 }
 

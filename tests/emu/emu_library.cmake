@@ -11,10 +11,14 @@ foreach(cu ${RINGATTN_CUDA_SOURCES})
   list(APPEND ra_emu_wrappers ${wrapper})
 endforeach()
 list(TRANSFORM RINGATTN_C_SOURCES PREPEND ${PROJECT_SOURCE_DIR}/ OUTPUT_VARIABLE ra_emu_c_sources)
-add_library(ringattn_emu SHARED ${ra_emu_c_sources} ${ra_emu_wrappers} ${RA_EMU_SOURCES})
+list(TRANSFORM RINGATTN_NCCL_SOURCES PREPEND ${PROJECT_SOURCE_DIR}/ OUTPUT_VARIABLE ra_emu_nccl_sources)
+add_library(ringattn_emu SHARED ${ra_emu_c_sources} ${ra_emu_nccl_sources} ${ra_emu_wrappers}
+                                ${RA_EMU_SOURCES})
+# the fake NCCL's nccl.h (kernels/cuda/emu/nccl) before any real one
+target_include_directories(ringattn_emu BEFORE PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/nccl)
 target_include_directories(ringattn_emu PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include
                                                 ${RINGATTN_CBLAS_INCLUDE})
-target_compile_definitions(ringattn_emu PRIVATE RINGATTN_BUILDING RINGATTN_HAVE_CUDA)
+target_compile_definitions(ringattn_emu PRIVATE RINGATTN_BUILDING RINGATTN_HAVE_CUDA RINGATTN_HAVE_NCCL)
 target_compile_options(ringattn_emu PRIVATE
   $<$<COMPILE_LANGUAGE:C>:${RINGATTN_WARNINGS} -ffp-contract=fast $<$<BOOL:${RINGATTN_NATIVE}>:-march=native>>
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)

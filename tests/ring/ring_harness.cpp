@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -74,6 +76,10 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     ringattn_plan_t plan = nullptr;
     ringattn_status_t st = ringattn_plan_create(comm, &d, &plan);
     if (st != RINGATTN_SUCCESS) return sh.fail(st);
+    if (rank == opt.leave_rank) {
+        ringattn_plan_destroy(plan);
+        return;
+    }
     int64_t n = 0;
     ringattn_plan_local_tokens(plan, &n, nullptr);
     std::vector<int32_t> idx((size_t)n);
@@ -169,6 +175,35 @@ ratest::Dense dense(const std::vector<float> &v, int64_t T, int heads, int dim)
     return d;
 }
 
+// NCCL's unique id and ringattn's NCCL constructor, found by name: the library under test
+// brings them (the emulated one: the fake NCCL), not the test's link.
+Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt,
+                 Result &res)
+{
+    using get_id_t = int (*)(void *);
+    using create_t = ringattn_status_t (*)(const void *, int, int, int, ringattn_comm_t *);
+    const auto get_id = reinterpret_cast<get_id_t>(dlsym(RTLD_DEFAULT, "ncclGetUniqueId"));
+    const auto create = reinterpret_cast<create_t>(dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id"));
+    if (!get_id || !create) {
+        res.status = RINGATTN_ERR_UNSUPPORTED;
+        return res;
+    }
+    unsigned char id[128];
+    REQUIRE(get_id(id) == 0);
+    Shared sh{{}, res};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+            ringattn_comm_t comm = nullptr;
+            const ringattn_status_t st = create(id, ranks, r, -1, &comm);
+            if (st != RINGATTN_SUCCESS) return sh.fail(st);
+            rank_work(pb, comm, r, layout, opt, sh);
+            ringattn_comm_destroy(comm);
+        });
+    for (auto &th : threads) th.join();
+    return res;
+}
+
 } // namespace
 
 ratest::Got Result::got(const ratest::AttnConfig &c) const
@@ -213,6 +248,7 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
         rank_work(pb, nullptr, 0, layout, opt, sh);
         return res;
     }
+    if (opt.nccl) return run_nccl(pb, ranks, layout, opt, res);
     std::vector<ringattn_comm_t> comms((size_t)ranks);
     // a device backend's ring moves device memory: the device-copy threads transport
     res.status = ratest::device_memory().is_host()

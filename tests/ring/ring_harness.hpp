@@ -21,6 +21,12 @@ struct RunOptions {
     // edited here (rank, tensors), records the status in Result.edited_status[rank], and then
     // runs the forward and backward with its real tensors on the same plan.
     std::function<void(int, ringattn_tensors_t &)> edit_first_call;
+    // The ranks' comm: the threads transport (of the backend's memory), or NCCL with each rank
+    // on a communicator of its own from one unique id (the library must bring NCCL: the
+    // emulated one brings the fake).
+    bool nccl = false;
+    // This rank makes its plan and leaves without a call (the others' calls must fail).
+    int leave_rank = -1;
 };
 
 // Outputs in global order, as float (converted from the dtype); dbias [H_b, T], empty when the

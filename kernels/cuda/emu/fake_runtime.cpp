@@ -1,58 +1,44 @@
 // The fake CUDA runtime (fake_runtime.h): deferred streams drained by policy, events as
-// dependencies between them, host memory as device memory.
+// dependencies between them (fake_state.h; memory and devices: fake_memory.cpp).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/emu/cuda_emu.h"
 #include "kernels/cuda/emu/emu_internal.h"
+#include "kernels/cuda/emu/fake_state.h"
 
-struct ra_emu_event {
-    unsigned long recorded = 0;  // records enqueued so far
-    unsigned long completed = 0; // records that have run
-};
+namespace ra_emu::fake {
 
-namespace {
+std::recursive_mutex mu;
+thread_local int depth = 0;
+cudaError_t sticky = cudaSuccess, last = cudaSuccess;
 
-// One queued operation: runs, or waits for an event's record to have run.
-struct Op {
-    std::function<void()> run;
-    ra_emu_event *wait = nullptr;
-    unsigned long until = 0; // the event's record count it waits for
-};
+} // namespace ra_emu::fake
 
-} // namespace
-
-struct ra_emu_stream {
-    int id;
-    std::deque<Op> queue;
-};
+using namespace ra_emu::fake;
 
 namespace {
 
-std::recursive_mutex mu; // the emulated device: one stream operation at a time
 std::vector<ra_emu_stream *> streams; // live streams by id; [0] is the default stream
-struct Allocation { size_t bytes; int device; };
-std::map<void *, Allocation> allocations;
-// Two devices of one kind, so that a plan on another device than the caller's current one is
-// testable; streams and launches are shared (the emulation has one executor).
-constexpr int device_count = 2;
-thread_local int current_device = 0;
 std::map<const void *, int> smem_optin; // kernel -> its opt-in bytes
 constexpr size_t default_smem = 48 * 1024;
 ra_emu::Drain drain_policy = ra_emu::Drain::in_order;
 uint64_t drain_rng = 0;
 int last_picked = -1;
-cudaError_t sticky = cudaSuccess, last = cudaSuccess;
 bool fail_next_launch = false;
 
 ra_emu_stream default_stream{0, {}};
+
+} // namespace
+
+namespace ra_emu::fake {
+
 
 ra_emu_stream *stream_of(cudaStream_t s)
 {
@@ -64,7 +50,24 @@ bool ready(const ra_emu_stream *s)
 {
     if (s->queue.empty()) return false;
     const Op &op = s->queue.front();
+    if (op.gate) return op.gate();
     return !op.wait || op.wait->completed >= op.until;
+}
+
+// Is some stream held up by another party's work (a gate), which other threads may still let
+// through?
+bool gated()
+{
+    for (const ra_emu_stream *s : streams)
+        if (s && !s->queue.empty() && s->queue.front().gate) return true;
+    return false;
+}
+
+double wait_limit_s()
+{
+    const char *env = std::getenv("RA_EMU_WAIT_S");
+    const double s = env ? std::atof(env) : 0.0;
+    return s > 0 ? s : 120.0;
 }
 
 // Runs one operation of some stream with runnable work, by the drain policy; false if none.
@@ -94,14 +97,29 @@ bool step()
     return true;
 }
 
-// Drains until done() holds; a cycle of waits that can never run is an error.
+// Drains until done() holds; a cycle of waits that can never run is an error. Work gated on
+// another party (the fake NCCL's messages) is waited for with the runtime let go, so that the
+// other ranks' threads can queue what it waits for, up to RA_EMU_WAIT_S seconds (default 120).
 cudaError_t drain(const std::function<bool()> &done)
 {
-    while (!done())
-        if (!step()) {
-            std::fprintf(stderr, "ra_emu: streams wait on each other in a cycle\n");
+    auto since = std::chrono::steady_clock::now();
+    while (!done()) {
+        if (step()) {
+            since = std::chrono::steady_clock::now();
+            continue;
+        }
+        const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+        if (!gated() || idle > wait_limit_s()) {
+            std::fprintf(stderr, gated() ? "ra_emu: streams wait %g s for messages nobody sends\n"
+                                         : "ra_emu: streams wait on each other in a cycle\n",
+                         idle);
             return sticky = cudaErrorLaunchFailure;
         }
+        const int held = depth;
+        for (int i = 0; i < held; ++i) mu.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        for (int i = 0; i < held; ++i) mu.lock();
+    }
     const cudaError_t e = sticky;
     return e;
 }
@@ -115,20 +133,21 @@ bool all_empty()
     return true;
 }
 
-} // namespace
+} // namespace ra_emu::fake
+
 
 namespace ra_emu {
 
 void set_drain_policy(Drain d, uint64_t seed)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     drain_policy = d;
     drain_rng = seed;
 }
 
 cudaError_t set_smem_optin(const void *kernel, int bytes)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     if (bytes < 0 || (size_t)bytes > max_dynamic_smem) return note(cudaErrorInvalidValue);
     smem_optin[kernel] = bytes;
     return cudaSuccess;
@@ -136,7 +155,7 @@ cudaError_t set_smem_optin(const void *kernel, int bytes)
 
 bool smem_allowed(const void *kernel, size_t bytes)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     if (bytes <= default_smem) return true;
     const auto it = smem_optin.find(kernel);
     if (it != smem_optin.end() && bytes <= (size_t)it->second) return true;
@@ -144,10 +163,17 @@ bool smem_allowed(const void *kernel, size_t bytes)
     return false;
 }
 
+cudaError_t enqueue_gated(cudaStream_t s, std::function<bool()> gate, std::function<void()> run)
+{
+    Guard lk;
+    stream_of(s)->queue.push_back(Op{std::move(run), nullptr, 0, std::move(gate)});
+    return cudaSuccess;
+}
+
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                            std::function<void()> body)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     if (sticky != cudaSuccess) return note(sticky); // a failed context takes no more work
     if (fail_next_launch) { // injected by a test: the launch faults when it runs
         fail_next_launch = false;
@@ -170,86 +196,10 @@ cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
 
 } // namespace ra_emu
 
-cudaError_t cudaMalloc(void **p, size_t bytes)
-{
-    if (!p) return note(cudaErrorInvalidValue);
-    void *m = std::malloc(bytes ? bytes : 1);
-    if (!m) return note(cudaErrorMemoryAllocation);
-    std::memset(m, 0xff, bytes); // fresh device memory reads NaN, as a poisoned test expects
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    allocations[m] = Allocation{bytes, current_device};
-    *p = m;
-    return cudaSuccess;
-}
-
-cudaError_t cudaFree(void *p)
-{
-    if (!p) return cudaSuccess;
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    drain(all_empty); // as cudaFree synchronises the device
-    if (!allocations.erase(p)) return note(cudaErrorInvalidDevicePointer);
-    std::free(p);
-    return cudaSuccess;
-}
-
-namespace {
-
-// The allocation holding [p, p + bytes), or allocations.end().
-std::map<void *, Allocation>::iterator allocation_of(const void *p, size_t bytes)
-{
-    auto it = allocations.upper_bound(const_cast<void *>(p));
-    if (it == allocations.begin()) return allocations.end();
-    --it;
-    const char *base = static_cast<const char *>(it->first), *q = static_cast<const char *>(p);
-    return q >= base && q + bytes <= base + it->second.bytes ? it : allocations.end();
-}
-
-} // namespace
-
-cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
-{
-    if (!a) return note(cudaErrorInvalidValue);
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    const auto it = p ? allocation_of(p, 1) : allocations.end();
-    const bool dev = it != allocations.end();
-    *a = cudaPointerAttributes{dev ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered,
-                               dev ? it->second.device : -2, dev ? const_cast<void *>(p) : nullptr,
-                               nullptr};
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
-                            cudaStream_t s)
-{
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    if (bytes && allocation_of(src, bytes) == allocations.end()) { // pageable host memory
-        auto staged = std::make_shared<std::vector<unsigned char>>(
-            static_cast<const unsigned char *>(src), static_cast<const unsigned char *>(src) + bytes);
-        stream_of(s)->queue.push_back(Op{[=] { std::memcpy(dst, staged->data(), bytes); }});
-        return cudaSuccess;
-    }
-    stream_of(s)->queue.push_back(Op{[=] { std::memmove(dst, src, bytes); }});
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
-{
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
-    return cudaStreamSynchronize(nullptr);
-}
-
-cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s)
-{
-    std::lock_guard<std::recursive_mutex> lk(mu);
-    stream_of(s)->queue.push_back(Op{[=] { std::memset(dst, value, bytes); }});
-    return cudaSuccess;
-}
-
 cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
     if (!s) return note(cudaErrorInvalidValue);
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     stream_of(nullptr);
     *s = new ra_emu_stream{(int)streams.size(), {}};
     streams.push_back(*s);
@@ -265,7 +215,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) // an H2
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     if (!s || s->id <= 0 || s->id >= (int)streams.size() || streams[(size_t)s->id] != s)
         return note(cudaErrorInvalidResourceHandle);
     drain([s] { return s->queue.empty(); }); // queued work still runs, as in CUDA
@@ -276,7 +226,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     ra_emu_stream *st = stream_of(s);
     return note(drain([st] { return st->queue.empty(); }));
 }
@@ -293,7 +243,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEven
 // CUDA releases an event once the work queued on it has run: queued waits still read it here
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     drain(all_empty);
     return delete e, cudaSuccess;
 }
@@ -301,7 +251,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     if (!e) return note(cudaErrorInvalidResourceHandle);
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     ++e->recorded;
     stream_of(s)->queue.push_back(Op{[e] { ++e->completed; }});
     return cudaSuccess;
@@ -310,7 +260,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
 {
     if (!e) return note(cudaErrorInvalidResourceHandle);
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     // waits for the event's latest record at the time of this call (none: no wait)
     stream_of(s)->queue.push_back(Op{nullptr, e, e->recorded});
     return cudaSuccess;
@@ -318,26 +268,28 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     const unsigned long want = e->recorded;
     return note(drain([e, want] { return e->completed >= want; }));
 }
 
+// A query lets the device run what is ready (a GPU runs on while the host polls), never waits.
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
+    while (e->completed < e->recorded && step()) {}
     return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaDeviceSynchronize()
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     return note(drain(all_empty));
 }
 
 cudaError_t cudaDeviceReset()
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     drain(all_empty);
     sticky = last = cudaSuccess;
     return cudaSuccess;
@@ -345,7 +297,7 @@ cudaError_t cudaDeviceReset()
 
 cudaError_t cudaGetLastError()
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     const cudaError_t e = last != cudaSuccess ? last : sticky;
     last = cudaSuccess; // a sticky error stays (as a failed context's does)
     return e;
@@ -353,44 +305,21 @@ cudaError_t cudaGetLastError()
 
 cudaError_t cudaPeekAtLastError()
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     return last != cudaSuccess ? last : sticky;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     return stream_of(s)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaGetDeviceCount(int *n) { return *n = device_count, cudaSuccess; }
-cudaError_t cudaGetDevice(int *d) { return *d = current_device, cudaSuccess; }
-cudaError_t cudaSetDevice(int d)
-{
-    if (d < 0 || d >= device_count) return note(cudaErrorInvalidValue);
-    current_device = d;
-    return cudaSuccess;
-}
-
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
-{
-    if (!p || device < 0 || device >= device_count) return note(cudaErrorInvalidValue);
-    *p = cudaDeviceProp{};
-    std::snprintf(p->name, sizeof p->name, "NVIDIA H200 (ringattn SIMT emulation)");
-    p->totalGlobalMem = (size_t)141 << 30;
-    p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = ra_emu::max_dynamic_smem;
-    p->l2CacheSize = 50 << 20;
-    p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32;
-    p->maxThreadsPerBlock = 1024, p->regsPerBlock = 65536;
-    return cudaSuccess;
 }
 
 namespace ra_emu {
 
 void fail_next_launch_for_test()
 {
-    std::lock_guard<std::recursive_mutex> lk(mu);
+    Guard lk;
     fail_next_launch = true;
 }
 

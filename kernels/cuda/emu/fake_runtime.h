@@ -120,6 +120,11 @@ void set_drain_policy(Drain d, uint64_t seed = 0);
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                            std::function<void()> body);
 
+// Another party's operation on stream s (the fake NCCL's): run() in stream order once gate()
+// holds (both called with the runtime held). A drain that finds only such work not ready lets
+// the runtime go and waits for other threads (ranks) to let it through (RA_EMU_WAIT_S).
+cudaError_t enqueue_gated(cudaStream_t s, std::function<bool()> gate, std::function<void()> run);
+
 // The next launch faults when it runs (test_hooks.cpp: ra_emu_inject_fault).
 void fail_next_launch_for_test();
 
