@@ -40,12 +40,15 @@ ringattn_status_t ringattn_comm_create_nccl_id(const ncclUniqueId *id, int nrank
     const double until = ra__comm_now() + ra__comm_timeout_s();
     while (r == ncclInProgress && nc && ra__comm_now() < until)
         if (ncclCommGetAsyncError(nc, &r) != ncclSuccess) r = ncclInternalError;
+    const char *last = ncclGetLastError(nc); /* NCCL's detail, often empty */
+    if (!last) last = "";
     ringattn_status_t st =
         r == ncclSuccess ? ra__comm_create_nccl(fn, nc, 1, dev, out)
-                         : ra__fail(RINGATTN_ERR_COMM, "%s: rank %d of %d: %s (%s)", fn, rank, nranks,
+                         : ra__fail(RINGATTN_ERR_COMM, "%s: rank %d of %d: %s%s%s%s", fn, rank,
+                                    nranks,
                                     r == ncclInProgress ? "not every rank joined in time"
                                                         : ncclGetErrorString(r),
-                                    ncclGetLastError(nc));
+                                    *last ? " (" : "", last, *last ? ")" : "");
     if (st != RINGATTN_SUCCESS && nc) ncclCommAbort(nc);
     dev->set_device(previous);
     if (st == RINGATTN_SUCCESS) ra__clear_error();

@@ -7,7 +7,6 @@
 // RATEST_DIGEST=<prefix> (tests/multinode): every rank also writes one line per ring run, with
 // FNV-1a 64 hashes of the outputs it produced itself, to <prefix>.<world rank>, so that a run
 // across hosts can be compared bit for bit with a run on one host.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -222,14 +221,4 @@ TEST_CASE("a keep_k mismatch fails on every MPI rank", "[mpi][dynamic]")
     };
     CHECK(ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_CONTIGUOUS, opt).status ==
           RINGATTN_ERR_INVALID_ARGUMENT);
-}
-
-int main(int argc, char **argv)
-{
-    MPI_Init(&argc, &argv);
-    const int result = Catch::Session().run(argc, argv);
-    int worst = 0;
-    MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Finalize();
-    return worst;
 }

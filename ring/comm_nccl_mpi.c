@@ -1,0 +1,73 @@
+/*
+ * ringattn_comm_create_nccl_mpi (include/ringattn_mpi.h): ringattn's own NCCL communicator over
+ * the ranks of an MPI communicator, the unique id broadcast from rank 0. In builds with MPI;
+ * without NCCL it is RINGATTN_ERR_UNSUPPORTED, so that one program serves every build.
+ */
+#include "ringattn_mpi.h"
+
+#include <string.h>
+
+#include "base/error.h"
+
+#ifdef RINGATTN_HAVE_NCCL
+#include "ringattn_nccl.h"
+
+/* Every rank's flag; 1 when all are set. The caller's communicator: a blocking collective. */
+static int all_ranks(MPI_Comm comm, int flag)
+{
+    return MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && flag;
+}
+
+ringattn_status_t ringattn_comm_create_nccl_mpi(MPI_Comm mpi_comm, int device,
+                                                ringattn_comm_t *out)
+{
+    static const char fn[] = "ringattn_comm_create_nccl_mpi";
+    RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: mpi_comm: got MPI_COMM_NULL, expected an MPI communicator", fn);
+    int rank = 0, size = 0;
+    RA_CHECK(MPI_Comm_rank(mpi_comm, &rank) == MPI_SUCCESS &&
+                 MPI_Comm_size(mpi_comm, &size) == MPI_SUCCESS,
+             RINGATTN_ERR_COMM, "%s: MPI_Comm_rank/MPI_Comm_size failed", fn);
+    /* Rank 0 makes the id; the others learn whether it could, so no rank waits for an id or a
+       peer that will never come (a bad device on one rank fails them all at once). */
+    struct {
+        int ok;
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    msg.ok = rank != 0 || ncclGetUniqueId(&msg.id) == ncclSuccess;
+    const int mine_ok = out != NULL && device >= -1;
+    RA_CHECK(all_ranks(mpi_comm, mine_ok), RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: rank %d of %d: %s; expected a handle to fill and a device of -1 (the current "
+             "one) or an ordinal on every rank", fn, rank, size,
+             !out ? "out is NULL" : device < -1 ? "bad device" : "another rank's arguments are bad");
+    RA_CHECK(MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, mpi_comm) == MPI_SUCCESS,
+             RINGATTN_ERR_COMM, "%s: rank %d of %d: MPI_Bcast of the unique id failed", fn, rank,
+             size);
+    RA_CHECK(msg.ok, RINGATTN_ERR_COMM, "%s: rank %d of %d: ncclGetUniqueId failed on rank 0",
+             fn, rank, size);
+    ringattn_comm_t comm = NULL;
+    ringattn_status_t st = ringattn_comm_create_nccl_id(&msg.id, size, rank, device, &comm);
+    /* the same outcome on every rank: one that failed (its own message kept) fails them all */
+    if (!all_ranks(mpi_comm, st == RINGATTN_SUCCESS)) {
+        if (st == RINGATTN_SUCCESS) {
+            ringattn_comm_destroy(comm);
+            return ra__fail(RINGATTN_ERR_COMM, "%s: rank %d of %d: another rank could not join",
+                            fn, rank, size);
+        }
+        return st;
+    }
+    *out = comm;
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+#else
+ringattn_status_t ringattn_comm_create_nccl_mpi(MPI_Comm mpi_comm, int device,
+                                                ringattn_comm_t *out)
+{
+    (void)mpi_comm, (void)device, (void)out;
+    return ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                    "ringattn_comm_create_nccl_mpi: this build has no NCCL transport (configure "
+                    "with -DRINGATTN_ENABLE_CUDA=ON -DRINGATTN_ENABLE_NCCL=ON)");
+}
+#endif
