@@ -32,7 +32,7 @@
 
 #define BENCH_NAME "bench_local"
 #include "common.h"
-#include "cuda_memory.h"
+#include "../examples/common/example_cuda.h"
 
 enum { MASK_NONE, MASK_CAUSAL, MASK_WINDOW, NUM_MASKS };
 static const char *const mask_names[NUM_MASKS] = {"none", "causal", "win1024"};

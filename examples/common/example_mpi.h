@@ -49,16 +49,20 @@ static inline int api_ok(const char *fn, ringattn_status_t st) {
 }
 
 /* Runs a pass `reps` times, every rank starting together; the best run's slowest and fastest
-   rank. */
-static inline int timed(ringattn_status_t (*pass)(ringattn_plan_t, const ringattn_tensors_t *,
-                                                  void *),
-                        const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
-                        int reps, double *max_s, double *min_s) {
+   rank. A device pass (stream non-NULL) is timed to its end: sync(stream) after the call. */
+typedef ringattn_status_t (*pass_fn)(ringattn_plan_t, const ringattn_tensors_t *, void *);
+static inline int timed(pass_fn pass, const char *fn, ringattn_plan_t plan,
+                        const ringattn_tensors_t *t, int reps, void *stream,
+                        int (*sync)(void *), double *max_s, double *min_s) {
     *max_s = INFINITY;
     for (int rep = 0; rep < reps; ++rep) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
-        const ringattn_status_t st = pass(plan, t, NULL);
+        ringattn_status_t st = pass(plan, t, stream);
+        if (st == RINGATTN_SUCCESS && sync && sync(stream) != 0) {
+            fprintf(stderr, "[rank %d] %s: the stream's synchronisation failed\n", world_rank(), fn);
+            st = RINGATTN_ERR_CUDA;
+        }
         const double s = MPI_Wtime() - t0;
         if (!api_ok(fn, st)) return 0;
         double hi, lo;
@@ -86,15 +90,23 @@ static inline int scatter_rows(ringattn_plan_t plan, ringattn_dtype_t dt, int he
     return 0;
 }
 
+/* This rank's place among the ranks of its node, and their number */
+static inline int node_rank(int *on_node) {
+    MPI_Comm node;
+    int local = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, on_node);
+    MPI_Comm_free(&node);
+    return local;
+}
+
 /* OMP_NUM_THREADS when set; otherwise the node's cores shared among its ranks, at least 1 */
 static inline int threads_per_rank(void) {
     const char *env = getenv("OMP_NUM_THREADS");
     if (env && atoi(env) > 0) return atoi(env);
-    MPI_Comm node;
     int local = 1;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
+    node_rank(&local);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores > local ? (int)(cores / local) : 1;
 }

@@ -1,7 +1,9 @@
 /*
- * ring_attention: exact sequence-parallel ("ring") attention over MPI.
+ * ring_attention: exact sequence-parallel ("ring") attention over MPI, or over NCCL between GPUs.
  *
- *   mpirun -n 4 ring_attention [flags]        (see --help, and README.md next to this file)
+ *   mpirun -n 4 ring_attention [flags]                   CPU ranks, K/V over MPI
+ *   mpirun -n 4 ring_attention --backend cuda [flags]    one GPU per rank, K/V over NCCL
+ *                                                        (see --help, and README.md next to this file)
  *
  * Default: T = 32768 tokens as one sequence, 8 query heads on 2 kv heads (GQA), D = 128,
  * causal sliding window of 4096 tokens, layout zigzag, float32. Every rank builds the same
@@ -17,8 +19,14 @@
  * The helpers it shares with the other examples (float16/bfloat16 storage, random inputs, the
  * mask, the float64 reference, MPI helpers) are in ../common/example_util.h and
  * ../common/example_mpi.h.
+ *
+ * --backend cuda: each rank takes the GPU of its rank within its node (modulo the GPUs it sees),
+ * makes the NCCL communicator from MPI_COMM_WORLD (ringattn_comm_create_nccl_mpi), copies its
+ * shards to the device and runs the passes on a stream of its own; the times are to the end of
+ * that stream's work, and the check reads the outputs copied back. The runtime calls are found
+ * by name (../common/example_cuda.h), so this one program runs on every build.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv, sysconf */
+#define _GNU_SOURCE /* setenv, sysconf; RTLD_DEFAULT for example_cuda.h */
 #include <mpi.h>
 #include <ringattn.h>
 #include <ringattn_mpi.h>
@@ -30,6 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/example_cuda.h"
 #include "../common/example_mpi.h" /* includes example_util.h */
 
 typedef struct {
@@ -44,6 +53,7 @@ typedef struct {
     uint64_t seed;
     int backward;
     int digest;      /* print hashes of every rank's outputs */
+    int cuda;        /* --backend cuda: one GPU per rank, NCCL */
 } options_t;
 
 static int rank_, ranks_; /* this process's place in MPI_COMM_WORLD */
@@ -240,9 +250,11 @@ static void check_rows(const reference_inputs_t *in, const local_t *lc, const in
 /* ---- options ---- */
 
 static void usage(const char *argv0) {
-    printf("usage: mpirun -n P %s [--seq T] [--seqs N] [--heads H] [--kv-heads HKV] [--dim D]\n"
-           "          [--window W] [--layout contiguous|zigzag|striped] [--dtype f32|f16|bf16]\n"
-           "          [--threads N] [--sample ROWS] [--seed S] [--no-backward] [--digest]\n"
+    printf("usage: mpirun -n P %s [--backend cpu|cuda] [--seq T] [--seqs N] [--heads H]\n"
+           "          [--kv-heads HKV] [--dim D] [--window W] [--layout contiguous|zigzag|striped]\n"
+           "          [--dtype f32|f16|bf16] [--threads N] [--sample ROWS] [--seed S]\n"
+           "          [--no-backward] [--digest]\n"
+           "--backend cuda: one GPU per rank (its rank within the node), K/V over NCCL\n"
            "defaults: --seq 32768 --seqs 1 --heads 8 --kv-heads 2 --dim 128 --window 4096\n"
            "          (causal sliding window; 0 = plain causal, -1 = no mask) --layout zigzag\n"
            "          --dtype f32 --threads 0 (OMP_NUM_THREADS if set, else cores / ranks on\n"
@@ -254,7 +266,7 @@ static void usage(const char *argv0) {
 /* 1 = run, 0 = bad flags, -1 = --help; messages on rank 0 only (every rank parses the same) */
 static int parse(int argc, char **argv, options_t *o) {
     *o = (options_t){32768, 1, 8, 2, 128, 4096, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_FLOAT32,
-                     0, 16, 1234, 1, 0};
+                     0, 16, 1234, 1, 0, 0};
     const int say = rank_ == 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -277,6 +289,12 @@ static int parse(int argc, char **argv, options_t *o) {
                 if (say) fprintf(stderr, "--layout: got %s, expected contiguous, zigzag or striped\n", v);
                 return 0;
             }
+        } else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                if (say) fprintf(stderr, "--backend: got %s, expected cpu or cuda\n", v);
+                return 0;
+            }
+            o->cuda = !strcmp(v, "cuda");
         } else if (!strcmp(a, "--dtype")) {
             if (!parse_dtype(v, &o->dtype)) {
                 if (say) fprintf(stderr, "--dtype: got %s, expected f32, f16 or bf16\n", v);
@@ -296,9 +314,58 @@ static int parse(int argc, char **argv, options_t *o) {
 /* ---- main ---- */
 
 typedef struct {
-    void *q, *k, *v, *dout, *o, *dq, *dk, *dv; /* this rank's rows */
-    float *lse;
+    void *q, *k, *v, *dout, *o, *lse, *dq, *dk, *dv; /* this rank's rows; lse: float [H, rows] */
 } shard_t;
+
+enum { NUM_PARTS = 9, FIRST_OUTPUT = 4 }; /* the parts in shard_t's order: inputs, then outputs */
+
+static void **shard_part(shard_t *s, int i) {
+    void **part[NUM_PARTS] = {&s->q, &s->k, &s->v, &s->dout, &s->o, &s->lse, &s->dq, &s->dk, &s->dv};
+    return part[i];
+}
+
+/* ---- --backend cuda ---- */
+
+static cuda_memory_t cuda_;
+
+/* This rank's GPU: its rank within its node, modulo the GPUs it sees. Collective. */
+static int pick_device(int *device) {
+    int on_node = 1, count = 0;
+    const int local = node_rank(&on_node);
+    const int found = cuda_memory_load(&cuda_, "ring_attention") == 0 &&
+                      cuda_.device_count(&count) == 0 && count > 0;
+    if (!all_ok(found)) {
+        if (rank_ == 0) fprintf(stderr, "--backend cuda: a rank sees no CUDA device\n");
+        return 0;
+    }
+    *device = local % count;
+    if (rank_ == 0 && on_node > count)
+        printf("  note: %d ranks share %d GPU(s) on a node; NCCL refuses two ranks on one GPU "
+               "(\"Duplicate GPU detected\") unless each rank sets its own NCCL_HOSTID\n",
+               on_node, count);
+    return 1;
+}
+
+/* Device copies of the inputs, and the outputs poisoned (NaN) as on the host; 0 on failure. */
+static int shard_to_device(shard_t *host, shard_t *dev, const size_t bytes[NUM_PARTS]) {
+    int ok = 1;
+    for (int i = 0; i < NUM_PARTS; ++i)
+        ok &= (*shard_part(dev, i) = cuda_memory_upload(&cuda_, *shard_part(host, i), bytes[i])) != NULL;
+    return ok;
+}
+
+/* The outputs back to the host; 0 on failure. */
+static int shard_to_host(shard_t *dev, shard_t *host, const size_t bytes[NUM_PARTS]) {
+    int ok = 1;
+    for (int i = FIRST_OUTPUT; i < NUM_PARTS; ++i)
+        ok &= cuda_.copy(*shard_part(host, i), *shard_part(dev, i), bytes[i], 4) == 0;
+    return ok;
+}
+
+static void shard_free(shard_t *s, int on_device) {
+    for (int i = 0; i < NUM_PARTS; ++i)
+        if (*shard_part(s, i)) on_device ? (void)cuda_.free_(*shard_part(s, i)) : free(*shard_part(s, i));
+}
 
 static int run(const options_t *opt, int threads);
 
@@ -324,6 +391,8 @@ static int run(const options_t *opt, int threads) {
     const int H = opt->heads, HKV = opt->kv_heads, D = opt->dim, P = ranks_;
     const ringattn_dtype_t dt = opt->dtype;
     const size_t es = dtype_size(dt);
+    int device = -1;
+    if (opt->cuda && !pick_device(&device)) return 2;
 
     /* num_seqs sequences, the first T % num_seqs one token longer (SPEC 8 convention) */
     int32_t *cu = xmalloc(sizeof(int32_t) * (size_t)(opt->num_seqs + 1));
@@ -332,8 +401,12 @@ static int run(const options_t *opt, int threads) {
     causal_window(opt->window, &wl, &wr);
     const mask_t mask = {cu, opt->num_seqs, wl, wr};
     if (rank_ == 0) {
-        printf("ringattn %s ring attention: %d rank(s) over MPI, backend cpu, %d thread(s) per rank\n",
-               ringattn_version_string(), P, threads);
+        if (opt->cuda)
+            printf("ringattn %s ring attention: %d rank(s) over NCCL, backend cuda, one GPU per rank\n",
+                   ringattn_version_string(), P);
+        else
+            printf("ringattn %s ring attention: %d rank(s) over MPI, backend cpu, %d thread(s) per "
+                   "rank\n", ringattn_version_string(), P, threads);
         printf("  tokens %lld in %d sequence(s), heads %d, kv heads %d, head dim %d, %s\n",
                (long long)T, opt->num_seqs, H, HKV, D, dtype_name(dt));
         printf("  mask: %s, window (%d, %d), layout %s\n", wr == 0 ? "causal" : "none", wl, wr,
@@ -342,7 +415,10 @@ static int run(const options_t *opt, int threads) {
     }
 
     ringattn_comm_t comm = NULL;
-    if (!api_ok("ringattn_comm_create_mpi", ringattn_comm_create_mpi(MPI_COMM_WORLD, &comm))) return 2;
+    if (!api_ok(opt->cuda ? "ringattn_comm_create_nccl_mpi" : "ringattn_comm_create_mpi",
+                opt->cuda ? ringattn_comm_create_nccl_mpi(MPI_COMM_WORLD, device, &comm)
+                          : ringattn_comm_create_mpi(MPI_COMM_WORLD, &comm)))
+        return 2;
     ringattn_plan_desc_t desc = RINGATTN_PLAN_DESC_INIT;
     desc.num_heads = H;
     desc.num_kv_heads = HKV;
@@ -355,6 +431,8 @@ static int run(const options_t *opt, int threads) {
     desc.window_left = wl;
     desc.window_right = -1; /* causal sets it to 0 */
     desc.num_threads = threads;
+    desc.backend = opt->cuda ? RINGATTN_BACKEND_CUDA : RINGATTN_BACKEND_CPU;
+    desc.device = device;
     ringattn_plan_t plan = NULL;
     if (!api_ok("ringattn_plan_create", ringattn_plan_create(comm, &desc, &plan))) {
         ringattn_comm_destroy(comm);
@@ -375,37 +453,49 @@ static int run(const options_t *opt, int threads) {
     uint64_t seed = opt->seed;
     void *gq = random_tensor(T * H * D, dt, &seed), *gk = random_tensor(T * HKV * D, dt, &seed);
     void *gv = random_tensor(T * HKV * D, dt, &seed), *gdo = random_tensor(T * H * D, dt, &seed);
-    shard_t sh;
-    sh.q = xmalloc((size_t)(rows * H * D) * es), sh.dout = xmalloc((size_t)(rows * H * D) * es);
-    sh.k = xmalloc((size_t)(rows * HKV * D) * es), sh.v = xmalloc((size_t)(rows * HKV * D) * es);
-    sh.o = xmalloc((size_t)(rows * H * D) * es), sh.dq = xmalloc((size_t)(rows * H * D) * es);
-    sh.dk = xmalloc((size_t)(rows * HKV * D) * es), sh.dv = xmalloc((size_t)(rows * HKV * D) * es);
-    sh.lse = xmalloc(sizeof(float) * (size_t)(rows * H));
+    const size_t qb = (size_t)(rows * H * D) * es, kb = (size_t)(rows * HKV * D) * es;
+    const size_t bytes[NUM_PARTS] = {qb, kb, kb, qb, qb, sizeof(float) * (size_t)(rows * H), qb, kb, kb};
+    shard_t sh, dev = {0};
+    for (int i = 0; i < NUM_PARTS; ++i) *shard_part(&sh, i) = xmalloc(bytes[i]);
+    for (int i = FIRST_OUTPUT; i < NUM_PARTS; ++i) memset(*shard_part(&sh, i), 0xff, bytes[i]); /* NaN */
     int ok = scatter_rows(plan, dt, H, D, gq, sh.q) && scatter_rows(plan, dt, HKV, D, gk, sh.k) &&
              scatter_rows(plan, dt, HKV, D, gv, sh.v) && scatter_rows(plan, dt, H, D, gdo, sh.dout);
     free(gq), free(gdo); /* the check reads the local Q, dO and the global K, V */
+    void *stream = NULL; /* --backend cuda: this rank's stream */
+    if (opt->cuda && ok) {
+        ok = shard_to_device(&sh, &dev, bytes) && cuda_.stream_create(&stream) == 0;
+        if (!ok) fprintf(stderr, "[rank %d] device memory or stream: failed\n", rank_);
+    }
+    const shard_t *on = opt->cuda ? &dev : &sh; /* where the library reads and writes */
 
     ringattn_tensors_t ts = RINGATTN_TENSORS_INIT;
-    ts.q.data = sh.q, ts.k.data = sh.k, ts.v.data = sh.v, ts.o.data = sh.o, ts.lse = sh.lse;
-    ts.dout.data = sh.dout, ts.dq.data = sh.dq, ts.dk.data = sh.dk, ts.dv.data = sh.dv;
+    ts.q.data = on->q, ts.k.data = on->k, ts.v.data = on->v, ts.o.data = on->o, ts.lse = on->lse;
+    ts.dout.data = on->dout, ts.dq.data = on->dq, ts.dk.data = on->dk, ts.dv.data = on->dv;
     const double fwd_flop = pairs * 4.0 * D, bwd_flop = 2.5 * fwd_flop;
+    /* GFLOP/s of the whole ring on CPU ranks; TFLOP/s per GPU */
+    const double unit = opt->cuda ? 1e-12 / P : 1e-9;
+    const char *unit_name = opt->cuda ? "TFLOP/s per GPU" : "GFLOP/s";
+    int (*sync)(void *) = opt->cuda ? cuda_.stream_sync : NULL;
     double fmax_s = 0, fmin_s = 0, bmax_s = 0, bmin_s = 0;
-    ok = all_ok(ok) && timed(ringattn_forward, "ringattn_forward", plan, &ts, 1, &fmax_s, &fmin_s);
+    ok = all_ok(ok) &&
+         timed(ringattn_forward, "ringattn_forward", plan, &ts, 1, stream, sync, &fmax_s, &fmin_s);
     if (ok && rank_ == 0)
-        printf("forward:  %9.1f ms (slowest rank; fastest %.1f ms)  %7.1f GFLOP/s\n", 1e3 * fmax_s,
-               1e3 * fmin_s, fwd_flop / fmax_s * 1e-9);
+        printf("forward:  %9.1f ms (slowest rank; fastest %.1f ms)  %7.2f %s\n", 1e3 * fmax_s,
+               1e3 * fmin_s, fwd_flop / fmax_s * unit, unit_name);
     if (ok && opt->backward) {
-        ok = timed(ringattn_backward, "ringattn_backward", plan, &ts, 1, &bmax_s, &bmin_s);
+        ok = timed(ringattn_backward, "ringattn_backward", plan, &ts, 1, stream, sync, &bmax_s,
+                   &bmin_s);
         if (ok && rank_ == 0)
-            printf("backward: %9.1f ms (slowest rank; fastest %.1f ms)  %7.1f GFLOP/s\n",
-                   1e3 * bmax_s, 1e3 * bmin_s, bwd_flop / bmax_s * 1e-9);
+            printf("backward: %9.1f ms (slowest rank; fastest %.1f ms)  %7.2f %s\n",
+                   1e3 * bmax_s, 1e3 * bmin_s, bwd_flop / bmax_s * unit, unit_name);
+    }
+    if (ok && opt->cuda && !all_ok(shard_to_host(&dev, &sh, bytes))) {
+        if (rank_ == 0) fprintf(stderr, "copying the outputs back failed\n");
+        ok = 0;
     }
     if (ok && opt->digest) {
         const void *bufs[5] = {sh.o, sh.lse, sh.dq, sh.dk, sh.dv};
-        const size_t bytes[5] = {(size_t)(rows * H * D) * es, sizeof(float) * (size_t)(rows * H),
-                                 (size_t)(rows * H * D) * es, (size_t)(rows * HKV * D) * es,
-                                 (size_t)(rows * HKV * D) * es};
-        print_digest(bufs, bytes, opt->backward ? 5 : 2); /* collective */
+        print_digest(bufs, bytes + FIRST_OUTPUT, opt->backward ? 5 : 2); /* collective */
         fflush(stdout);
     }
     int status = 2;
@@ -444,9 +534,11 @@ static int run(const options_t *opt, int threads) {
         free(sample);
     }
     ring_map_free(&map);
-    ringattn_plan_destroy(plan);
+    ringattn_plan_destroy(plan); /* synchronises the device */
     ringattn_comm_destroy(comm); /* before MPI_Finalize */
-    free(cu), free(gk), free(gv), free(sh.q), free(sh.k), free(sh.v), free(sh.dout);
-    free(sh.o), free(sh.dq), free(sh.dk), free(sh.dv), free(sh.lse);
+    if (stream) cuda_.stream_destroy(stream);
+    if (opt->cuda) shard_free(&dev, 1);
+    shard_free(&sh, 0);
+    free(cu), free(gk), free(gv);
     return status;
 }
