@@ -50,10 +50,11 @@ Local gather(const TView &g, const std::vector<int32_t> &idx)
 struct Shared {
     std::mutex mu;
     Result &res;
-    void fail(ringattn_status_t st)
+    void fail(int rank, ringattn_status_t st)
     {
         std::lock_guard<std::mutex> lk(mu);
         if (res.status == RINGATTN_SUCCESS) res.status = st;
+        if ((size_t)rank < res.rank_status.size()) res.rank_status[(size_t)rank] = st;
     }
 };
 
@@ -75,7 +76,7 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     if (opt.desc_hook) opt.desc_hook(rank, d);
     ringattn_plan_t plan = nullptr;
     ringattn_status_t st = ringattn_plan_create(comm, &d, &plan);
-    if (st != RINGATTN_SUCCESS) return sh.fail(st);
+    if (st != RINGATTN_SUCCESS) return sh.fail(rank, st);
     if (rank == opt.leave_rank) {
         ringattn_plan_destroy(plan);
         return;
@@ -128,6 +129,23 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
         std::lock_guard<std::mutex> lk(sh.mu);
         sh.res.edited_status[(size_t)rank] = first;
     }
+    if (opt.capture_first_call) {
+        using begin_t = int (*)(void *, int);
+        using end_t = int (*)(void *, void **);
+        using destroy_t = int (*)(void *);
+        const auto begin = reinterpret_cast<begin_t>(dlsym(RTLD_DEFAULT, "cudaStreamBeginCapture"));
+        const auto end = reinterpret_cast<end_t>(dlsym(RTLD_DEFAULT, "cudaStreamEndCapture"));
+        const auto destroy = reinterpret_cast<destroy_t>(dlsym(RTLD_DEFAULT, "cudaGraphDestroy"));
+        ringattn_status_t first = RINGATTN_ERR_INTERNAL; // stays so when no capture could begin
+        if (begin && end && stream && begin(stream, 2 /* cudaStreamCaptureModeRelaxed */) == 0) {
+            first = ringattn_forward(plan, &t, stream);
+            void *graph = nullptr;
+            end(stream, &graph);
+            if (graph && destroy) destroy(graph);
+        }
+        std::lock_guard<std::mutex> lk(sh.mu);
+        sh.res.edited_status[(size_t)rank] = first;
+    }
     st = ringattn_forward(plan, &t, stream);
     if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, stream);
     ringattn_plan_destroy(plan);
@@ -137,7 +155,7 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
         dbias.dev.download();
     }
     if (stream) mem.stream_destroy(stream);
-    if (st != RINGATTN_SUCCESS) return sh.fail(st);
+    if (st != RINGATTN_SUCCESS) return sh.fail(rank, st);
     std::lock_guard<std::mutex> lk(sh.mu);
     Result &res = sh.res;
     scatter_rows(res.o, o, c.dtype, (size_t)H * Dv, idx);
@@ -154,19 +172,6 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
                 res.dbias[(size_t)hb * Tk + (size_t)kidx[r]] = dbias.host[(size_t)hb * nk + r];
 }
 
-Result blank(const Problem &pb, float fill)
-{
-    const ratest::AttnConfig &c = pb.cfg;
-    const size_t Tq = (size_t)c.Tq(), Tk = (size_t)c.Tk();
-    Result res;
-    res.o.assign(Tq * c.H * c.dv(), fill);
-    res.lse.assign(Tq * c.H, fill);
-    res.dq.assign(Tq * c.H * c.D, fill);
-    res.dk.assign(Tk * c.hkv() * c.D, fill);
-    res.dv.assign(Tk * c.hkv() * c.dv(), fill);
-    res.dbias.assign(pb.want_dbias ? Tk * (size_t)c.key_bias_heads : 0, fill);
-    return res;
-}
 
 ratest::Dense dense(const std::vector<float> &v, int64_t T, int heads, int dim)
 {
@@ -196,7 +201,7 @@ Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const R
         threads.emplace_back([&, r] {
             ringattn_comm_t comm = nullptr;
             const ringattn_status_t st = create(id, ranks, r, -1, &comm);
-            if (st != RINGATTN_SUCCESS) return sh.fail(st);
+            if (st != RINGATTN_SUCCESS) return sh.fail(r, st);
             rank_work(pb, comm, r, layout, opt, sh);
             ringattn_comm_destroy(comm);
         });
@@ -205,6 +210,20 @@ Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const R
 }
 
 } // namespace
+
+Result blank(const Problem &pb, float fill)
+{
+    const ratest::AttnConfig &c = pb.cfg;
+    const size_t Tq = (size_t)c.Tq(), Tk = (size_t)c.Tk();
+    Result res;
+    res.o.assign(Tq * c.H * c.dv(), fill);
+    res.lse.assign(Tq * c.H, fill);
+    res.dq.assign(Tq * c.H * c.D, fill);
+    res.dk.assign(Tk * c.hkv() * c.D, fill);
+    res.dv.assign(Tk * c.hkv() * c.dv(), fill);
+    res.dbias.assign(pb.want_dbias ? Tk * (size_t)c.key_bias_heads : 0, fill);
+    return res;
+}
 
 ratest::Got Result::got(const ratest::AttnConfig &c) const
 {
@@ -233,6 +252,7 @@ Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layo
     require_packed(pb);
     Result res = blank(pb, 0.0f);
     res.edited_status.assign((size_t)rank + 1, RINGATTN_ERR_INTERNAL);
+    res.rank_status.assign((size_t)rank + 1, RINGATTN_SUCCESS);
     Shared sh{{}, res};
     rank_work(pb, comm, rank, layout, opt, sh);
     return res;
@@ -243,6 +263,7 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
     require_packed(pb);
     Result res = blank(pb, NAN);
     res.edited_status.assign((size_t)(ranks > 0 ? ranks : 1), RINGATTN_ERR_INTERNAL);
+    res.rank_status.assign((size_t)(ranks > 0 ? ranks : 1), RINGATTN_SUCCESS);
     Shared sh{{}, res};
     if (ranks == 0) { // single-rank plan, no comm
         rank_work(pb, nullptr, 0, layout, opt, sh);

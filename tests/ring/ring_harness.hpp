@@ -27,6 +27,10 @@ struct RunOptions {
     bool nccl = false;
     // This rank makes its plan and leaves without a call (the others' calls must fail).
     int leave_rank = -1;
+    // A device backend: every rank first calls ringattn_forward on its stream while the stream
+    // captures a CUDA graph (relaxed mode), records the status in Result.edited_status[rank],
+    // ends the capture and then runs as usual.
+    bool capture_first_call = false;
 };
 
 // Outputs in global order, as float (converted from the dtype); dbias [H_b, T], empty when the
@@ -35,8 +39,12 @@ struct Result {
     std::vector<float> o, lse, dq, dk, dv, dbias;
     ringattn_status_t status = RINGATTN_SUCCESS;
     std::vector<ringattn_status_t> edited_status; // [ranks], with RunOptions.edit_first_call
+    std::vector<ringattn_status_t> rank_status;   // [ranks]: each rank's failure, or SUCCESS
     ratest::Got got(const ratest::AttnConfig &cfg) const; // as float64, for SPEC 9
 };
+
+// The problem's outputs, every entry `fill`: the shape of a Result, made without a call.
+Result blank(const ratest::Problem &pb, float fill);
 
 // The problem on `ranks` ranks as threads (ranks = 0: the single-rank plan, no comm). The
 // problem's inputs must be packed (Storage::Packed).

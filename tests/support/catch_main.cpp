@@ -1,10 +1,14 @@
 // One compiled Catch2 main shared by every test executable (catch.hpp's main is slow to build).
 // A test registered for a real GPU (RATEST_GPU=1, the nvcc build's _cuda tests) is skipped --
-// exit code 77, with the reason printed -- when the machine has no usable CUDA device.
+// exit code 77, with the reason printed -- when the machine has no usable CUDA device. The
+// probe runs in a child process: a process that has initialised CUDA cannot fork ranks that use
+// it (tests/cuda/test_cuda_nccl.cpp forks its NCCL ranks).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,11 +37,29 @@ int gpu_missing()
     return 0;
 }
 
+// gpu_missing() in a child process; a failed fork counts as missing, said so.
+int gpu_missing_probed_apart()
+{
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const int missing = gpu_missing();
+        std::fflush(stdout);
+        _exit(missing);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) {
+        std::printf("skipped: the CUDA probe process failed\n");
+        return 1;
+    }
+    return WEXITSTATUS(st);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
     const char *gpu = std::getenv("RATEST_GPU");
-    if (gpu && std::strcmp(gpu, "1") == 0 && gpu_missing()) return 77;
+    if (gpu && std::strcmp(gpu, "1") == 0 && gpu_missing_probed_apart()) return 77;
     return Catch::Session().run(argc, argv);
 }

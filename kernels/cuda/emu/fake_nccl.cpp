@@ -53,7 +53,13 @@ struct State {
     int rank = 0, device = 0;
     std::atomic<bool> aborted{false};
     unsigned long colls = 0; // all-reduces this rank has posted
+    unsigned long sends = 0; // sends this rank has posted
 };
+
+// ra_emu_nccl_withhold_sends: this rank of every communicator posts its first `after` sends,
+// then none (a peer that stops sending: its receivers wait until the communicator is aborted).
+std::atomic<int> withhold_rank{-1};
+std::atomic<unsigned long> withhold_after{0};
 
 // A point-to-point operation or an all-reduce, held until its group ends.
 struct Pending {
@@ -135,6 +141,7 @@ void emit(std::vector<Pending> &ops)
     std::vector<Sent> sent;
     for (const Pending &p : ops) {
         if (p.kind != Pending::send) continue;
+        if (p.st->rank == withhold_rank.load() && p.st->sends++ >= withhold_after.load()) continue;
         std::shared_ptr<Msg> m;
         {
             std::lock_guard<std::mutex> lk(nmu);
@@ -223,6 +230,14 @@ struct ra_fake_nccl_comm {
 };
 
 extern "C" {
+
+// A test hook (found by name, as tests/emu's others): rank -1 withholds nothing.
+__attribute__((visibility("default"))) void ra_emu_nccl_withhold_sends(int rank,
+                                                                       unsigned long after)
+{
+    withhold_after.store(after);
+    withhold_rank.store(rank);
+}
 
 ncclResult_t ncclGetVersion(int *version) { return *version = NCCL_VERSION_CODE, ncclSuccess; }
 
