@@ -257,14 +257,16 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  * written).
  *
  * The CUDA backend (desc.backend = RINGATTN_BACKEND_CUDA; one rank, or a ring over a comm of
- * ringattn_comm_create_threads_device):
+ * ringattn_comm_create_threads_device or over NCCL, include/ringattn_nccl.h):
  * - Tensors, lse and key_bias are device memory of the plan's device (else RINGATTN_ERR_CUDA);
  *   Q, K and V start 16-byte aligned with strides in whole 16 bytes (8 elements of float16 or
  *   bfloat16, 4 of float32), else RINGATTN_ERR_UNSUPPORTED. Head dims: multiples of 8 (float32:
  *   4) up to 256. Tile sizes are the kernels' (block_q, block_k 0).
  * - stream is a cudaStream_t (NULL: the legacy default stream). The call is stream-ordered: it
  *   enqueues its work on stream and returns without waiting for the device, so the caller may
- *   overlap it or capture it in a CUDA graph. Its inputs must stay unchanged, and its outputs
+ *   overlap it. A single-rank call without a key bias makes no host wait, so it is meant to be
+ *   capturable in a CUDA graph (not yet checked on a GPU); the others wait on the host (below),
+ *   and on a capturing stream they are RINGATTN_ERR_UNSUPPORTED, nothing queued. Its inputs must stay unchanged, and its outputs
  *   unread, until that work has run (an event recorded on stream after the call); no buffer may
  *   be freed before. The plan owns device memory (its parameters, workspace and state), made at
  *   plan creation and freed by ringattn_plan_destroy, which synchronises the device; calls
@@ -280,7 +282,8 @@ RINGATTN_API ringattn_status_t ringattn_plan_gather(ringattn_plan_t plan, ringat
  *   maxima of Q and K, and in the backward whether any LSE row is lossy, reach the host);
  *   the shards then move on the transport's streams, ordered with stream by events, without a
  *   host wait. A comm that moves host memory (threads, MPI) is RINGATTN_ERR_UNSUPPORTED for a
- *   CUDA plan at plan creation, as is a device comm for a CPU plan.
+ *   CUDA plan at plan creation, as is a device comm for a CPU plan. Over NCCL
+ *   (include/ringattn_nccl.h) the call's closing agreement is a host wait too.
  */
 RINGATTN_API ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
                                                 void *stream);

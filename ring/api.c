@@ -4,6 +4,7 @@
  */
 #include <math.h>
 
+#include "base/device_ops.h"
 #include "base/error.h"
 #include "base/registry.h"
 #include "comm/comm.h"
@@ -24,6 +25,17 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
     RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
     plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
+    if ((plan->comm || t->key_bias) && plan->be->device_ops) {
+        /* a capture records work without running it, and a ring call's agreements, like a key
+           bias's check and thresholds, wait on the host for values its queued work produces
+           (DESIGN: the NCCL transport) */
+        int capturing = 0;
+        RA_TRY(plan->be->device_ops->stream_capturing(stream, &capturing));
+        RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
+                 "%s: stream: it is capturing a CUDA graph, but a call %s cannot be captured "
+                 "(it waits on the host for its queued work); call it outside the capture", fn,
+                 plan->comm ? "over a comm" : "with a key bias");
+    }
     return RINGATTN_SUCCESS;
 }
 

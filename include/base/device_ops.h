@@ -33,6 +33,8 @@ typedef struct ra_device_ops {
     ringattn_status_t (*zero)(void *dst, size_t bytes, void *stream);
     ringattn_status_t (*copy_from_host)(void *dst, const void *host, size_t bytes, void *stream);
     ringattn_status_t (*copy_to_host)(void *host, const void *src, size_t bytes);
+    /* *capturing = 1 while stream is capturing a graph (its work recorded, not run). */
+    ringattn_status_t (*stream_capturing)(void *stream, int *capturing);
 } ra_device_ops;
 
 #endif

@@ -300,6 +300,14 @@ ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes)
     return RINGATTN_SUCCESS;
 }
 
+ringattn_status_t stream_capturing(void *stream, int *capturing)
+{
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    RA_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &status), "cudaStreamIsCapturing");
+    *capturing = status != cudaStreamCaptureStatusNone;
+    return RINGATTN_SUCCESS;
+}
+
 ra_device_ops device_ops_table()
 {
     ra_device_ops d{};
@@ -318,6 +326,7 @@ ra_device_ops device_ops_table()
     d.zero = raw_zero;
     d.copy_from_host = raw_from_host;
     d.copy_to_host = raw_to_host;
+    d.stream_capturing = stream_capturing;
     return d;
 }
 

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -197,4 +198,30 @@ TEST_CASE("CUDA ring against the CPU backend's ring on the same cases", "[cuda][
                 CHECK(ratest::spec_err(g.dV, h.dV, mag.dV) < 10 * limit);
             }
         }
+}
+
+TEST_CASE("CUDA ring: a call on a stream capturing a CUDA graph is refused on every rank, nothing written", "[cuda][ring][graph]")
+{
+    // A ring call's agreements wait on the host for its queued work, which a capture never
+    // runs: refused before anything is queued; the same plan then runs as usual.
+    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 7100);
+    ringtest::RunOptions opt;
+    opt.capture_first_call = true;
+    for (int ranks : {1, 3}) {
+        const Result r = ringtest::run(pb, ranks, RINGATTN_LAYOUT_ZIGZAG, opt);
+        INFO("ranks " << ranks);
+        for (ringattn_status_t st : r.edited_status) CHECK(st == RINGATTN_ERR_UNSUPPORTED);
+        ringtest::check_result(r, ringtest::judge_of(pb), pb,
+                               label_of("after the capture", RINGATTN_LAYOUT_ZIGZAG, ranks));
+    }
+    // one rank: refused with a key bias (its check and thresholds are host work), not without
+    // (the fake runtime's capture runs the work it sees, so the call succeeds there)
+    const Problem biased = ratest::packed_problem(with_bias(ratest::ring_batch_cuda(ratest::ring_masks[1]), 2, 3), 7101);
+    const Result b = ringtest::run(biased, 0, RINGATTN_LAYOUT_CONTIGUOUS, opt);
+    CHECK(b.edited_status[0] == RINGATTN_ERR_UNSUPPORTED);
+    ringtest::check_result(b, ringtest::judge_of(biased), biased, "single rank with a bias, after the capture");
+    if (!std::getenv("RATEST_GPU")) {
+        const Result plain = ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS, opt);
+        CHECK(plain.edited_status[0] == RINGATTN_SUCCESS);
+    }
 }

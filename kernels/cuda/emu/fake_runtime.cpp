@@ -315,6 +315,30 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
     return stream_of(s)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
+{
+    Guard lk;
+    if (!s || stream_of(s)->capturing) return last = cudaErrorInvalidValue;
+    stream_of(s)->capturing = true;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    Guard lk;
+    if (!s || !stream_of(s)->capturing) return last = cudaErrorInvalidValue;
+    stream_of(s)->capturing = false;
+    *graph = nullptr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status)
+{
+    Guard lk;
+    *status = stream_of(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
 namespace ra_emu {
 
 void fail_next_launch_for_test()

@@ -42,6 +42,17 @@ struct cudaPointerAttributes {
     void *devicePointer, *hostPointer;
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+typedef struct ra_emu_graph *cudaGraph_t;
 typedef struct ra_emu_stream *cudaStream_t;
 typedef struct ra_emu_event *cudaEvent_t;
 
@@ -91,6 +102,11 @@ cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
 cudaError_t cudaStreamQuery(cudaStream_t s);
+// Capture as a state of the stream only (a test of a caller that captures): nothing is
+// recorded, the graph is NULL, work queued meanwhile runs as usual.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
 } // extern "C"
 
 namespace ra_emu {

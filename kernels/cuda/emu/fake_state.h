@@ -30,6 +30,7 @@ struct Op {
 struct ra_emu_stream {
     int id;
     std::deque<ra_emu::fake::Op> queue;
+    bool capturing = false; // between cudaStreamBeginCapture and cudaStreamEndCapture
 };
 
 namespace ra_emu::fake {
