@@ -6,9 +6,13 @@
 # test_cuda_ring: the ring with ranks as threads over the device-copy transport),
 # compute-sanitizer on the backward and the ring, and bench_ring_cuda (single-rank forward and
 # backward TFLOP/s at T = 16K, H = 16, D = 128, bf16, causal; the one-GPU ring at P = 2, 3, 4
-# against one rank). One run of at most about 8 minutes; each stage under its own timeout; at
-# most 8 files in the output folder (default $OUT, else ./gpu-check): env.txt kernel.txt sdpa.txt
-# library.txt sanitizer.txt ring.txt summary.md. Without a GPU every GPU stage ends cleanly as
+# against one rank), then the NCCL transport with processes on the one GPU, each with its own
+# NCCL_HOSTID (test_cuda_nccl [procs]: P = 1 (self), 2 and 4 against float64, and a rank that
+# leaves the call failing the other within RINGATTN_COMM_TIMEOUT; a "Duplicate GPU detected"
+# refusal is a skip with its reason; the mpirun demo with --backend cuda where mpirun exists).
+# One run of at most about 9 minutes; each stage under its own timeout; at most 8 files in the
+# output folder (default $OUT, else ./gpu-check): env.txt kernel.txt sdpa.txt library.txt
+# sanitizer.txt ring.txt nccl.txt summary.md. Without a GPU every GPU stage ends cleanly as
 # "skipped" (the dry run; CHECK_DRY=1 builds the library anyway); the library stages need
 # OpenBLAS and Catch2 (else skipped, with why).
 #   bash bench/gpu/check.sh [OUTDIR]
@@ -58,12 +62,14 @@ run_built() { [[ -x "$exe" ]] || { echo "not built: skipped"; exit 77; }; "$exe"
 build_library() { # CHECK_DRY=1: builds without a GPU too (a dry run of this stage)
     have_gpu || [[ "${CHECK_DRY:-0}" == 1 ]] || { echo "no GPU: skipped"; exit 77; }
     cmake -S "$root" -B "$lib" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_BUILD_EXAMPLES=OFF \
-        -DRINGATTN_ENABLE_MPI=OFF > "$lib.configure.log" 2>&1 ||
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DRINGATTN_BUILD_EMU=OFF -DRINGATTN_ENABLE_NCCL=ON \
+        -DRINGATTN_BUILD_EXAMPLES="$with_mpi" -DRINGATTN_ENABLE_MPI="$with_mpi" \
+        > "$lib.configure.log" 2>&1 ||
         { echo "configure failed (OpenBLAS or Catch2 missing?): skipped"; tail -3 "$lib.configure.log"; exit 77; }
     # a register spill is a build error (-Xptxas --warn-on-spills,--warning-as-error)
-    cmake --build "$lib" -j "$(nproc)" --target test_cuda_attention test_cuda_errors test_cuda_ring \
-        bench_ring_cuda > "$lib.build.log" 2>&1 ||
+    local targets=(test_cuda_attention test_cuda_errors test_cuda_ring test_cuda_nccl bench_ring_cuda)
+    [[ "$with_mpi" == ON ]] && targets+=(ring_attention)
+    cmake --build "$lib" -j "$(nproc)" --target "${targets[@]}" > "$lib.build.log" 2>&1 ||
         { grep -E "error|spill" "$lib.build.log" | grep -v "error\.c" | head -20; exit 1; }
     grep -c "Building" "$lib.build.log" | sed 's/^/sources compiled: /'
     [[ -x "$lib/tests/test_cuda_ring" && -x "$lib/bench/bench_ring_cuda" ]]
@@ -113,9 +119,34 @@ ring_bench() {
         --mask causal --ranks 2,4 --layouts contig,striped --reps 3
 }
 
-export root exe out lib
+# NCCL between processes on the one GPU: NCCL takes ranks with distinct NCCL_HOSTIDs as hosts
+# and joins them over its socket transport on the loopback interface
+nccl_ring() {
+    built_library
+    have_gpu || { echo "no GPU: skipped"; exit 77; }
+    local rc=0
+    echo "== test_cuda_nccl [procs]"
+    NCCL_SOCKET_IFNAME=lo RATEST_BACKEND=cuda RATEST_GPU=1 "$lib/tests/test_cuda_nccl" "[procs]" \
+        2>&1 | grep -vE "^NCCL INFO" | tail -30 || rc=1
+    if [[ -x "$lib/examples/ring_attention" ]]; then
+        for n in 1 2 4; do
+            echo "== mpirun -n $n ring_attention --backend cuda"
+            mpirun -n "$n" --oversubscribe --allow-run-as-root -x NCCL_SOCKET_IFNAME=lo \
+                bash -c 'NCCL_HOSTID=ringattn-check-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+                "$lib/examples/ring_attention" --backend cuda --seq 32768 --heads 16 \
+                --kv-heads 8 --dim 128 --dtype bf16 --window 4096 2>&1 | tail -12 || rc=1
+        done
+    else
+        echo "no mpirun on this machine: the mpirun demo is not built (skipped)"
+    fi
+    return $rc
+}
+
+with_mpi=OFF
+command -v mpirun >/dev/null && with_mpi=ON
+export root exe out lib with_mpi
 export -f env_info have_gpu build_kernel run_built build_library built_library library_tests \
-    sanitize ring_bench
+    sanitize ring_bench nccl_ring
 
 stage environment 30 env.txt env_info
 stage "forward tile kernel: build sm_90" 150 kernel.txt build_kernel
@@ -126,6 +157,7 @@ stage "library: build sm_90" 240 library.txt build_library
 stage "library: CUDA tests (3 runs)" 150 library.txt library_tests
 stage "library: compute-sanitizer (backward, ring)" 150 sanitizer.txt sanitize
 stage "library: ring on one GPU, P = 2, 3, 4 (bench_ring_cuda)" 90 ring.txt ring_bench
+stage "library: NCCL ring of processes, P = 1, 2, 4, and a rank that leaves" 120 nccl.txt nccl_ring
 rm -rf "$exe" "$lib" "$lib.configure.log" "$lib.build.log"
 
 {
@@ -149,5 +181,9 @@ rm -rf "$exe" "$lib" "$lib.configure.log" "$lib.build.log"
     echo
     echo "## bench_ring_cuda: single rank and the ring on one GPU"
     grep -E '^ *[0-9]+ |^#|skipped' "$out/ring.txt" 2>/dev/null || echo "(not run)"
+    echo
+    echo "## NCCL: processes on one GPU"
+    grep -E '^==|All tests passed|^test cases|skipped|^forward|^backward|^ok|FAILED|rel error' \
+        "$out/nccl.txt" 2>/dev/null || echo "(not run)"
 } > "$out/summary.md"
 cat "$out/summary.md"
