@@ -39,18 +39,19 @@ status=0
 
 # The CUDA build first, wherever nvcc is (so that the main suite's summary is the last thing
 # printed): the same library with the kernels compiled by nvcc for sm_80 and sm_90 (a register
-# spill is a build error) and the NCCL transport, linked, and its GPU tests, which skip with the
-# reason printed when no GPU is visible. The emulated CUDA backend runs in the main suite below.
+# spill is a build error), the NCCL transport and its MPI helper, linked, with the mpirun demo,
+# and its GPU tests, which skip with the reason printed when no GPU is visible. The emulated
+# CUDA backend runs in the main suite below.
 nvcc_bin="$(command -v nvcc || true)"
 [[ -z "$nvcc_bin" && -x /usr/local/cuda/bin/nvcc ]] && nvcc_bin=/usr/local/cuda/bin/nvcc
 if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
     cuda_build=build-cuda
     cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_ENABLE_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_EMU=OFF \
-        -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=OFF -DRINGATTN_ENABLE_MPI=OFF \
+        -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=ON -DRINGATTN_ENABLE_MPI=ON \
         -DRINGATTN_ENABLE_NCCL=ON
     cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors \
-        test_cuda_ring test_cuda_nccl
+        test_cuda_ring test_cuda_nccl ring_attention
     (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
     echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend runs below)"
