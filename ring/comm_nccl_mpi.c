@@ -10,7 +10,21 @@
 #include "base/error.h"
 
 #ifdef RINGATTN_HAVE_NCCL
+#include "base/device_ops.h"
+#include "kernels/backend.h"
 #include "ringattn_nccl.h"
+
+/* The device can be made current here (then put back), so NCCL's initialisation will not fail
+   on it while the other ranks wait for this one until the deadline. */
+static int device_usable(int device)
+{
+    const ra_device_ops *dev = ra__cuda_backend.device_ops;
+    if (device < -1) return 0;
+    const int previous = dev->set_device(device);
+    if (previous < 0) return 0;
+    dev->set_device(previous);
+    return 1;
+}
 
 /* Every rank's flag; 1 when all are set. The caller's communicator: a blocking collective. */
 static int all_ranks(MPI_Comm comm, int flag)
@@ -29,18 +43,21 @@ ringattn_status_t ringattn_comm_create_nccl_mpi(MPI_Comm mpi_comm, int device,
                  MPI_Comm_size(mpi_comm, &size) == MPI_SUCCESS,
              RINGATTN_ERR_COMM, "%s: MPI_Comm_rank/MPI_Comm_size failed", fn);
     /* Rank 0 makes the id; the others learn whether it could, so no rank waits for an id or a
-       peer that will never come (a bad device on one rank fails them all at once). */
+       peer that will never come (a bad device on one rank fails them all at once, not at the
+       deadline). */
     struct {
         int ok;
         ncclUniqueId id;
     } msg;
     memset(&msg, 0, sizeof msg);
     msg.ok = rank != 0 || ncclGetUniqueId(&msg.id) == ncclSuccess;
-    const int mine_ok = out != NULL && device >= -1;
+    const int usable = device_usable(device), mine_ok = out != NULL && usable;
     RA_CHECK(all_ranks(mpi_comm, mine_ok), RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: rank %d of %d: %s; expected a handle to fill and a device of -1 (the current "
-             "one) or an ordinal on every rank", fn, rank, size,
-             !out ? "out is NULL" : device < -1 ? "bad device" : "another rank's arguments are bad");
+             "one) or the ordinal of a usable device on every rank", fn, rank, size,
+             !out ? "out is NULL"
+             : !usable ? "bad device"
+                       : "another rank's arguments are bad");
     RA_CHECK(MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, mpi_comm) == MPI_SUCCESS,
              RINGATTN_ERR_COMM, "%s: rank %d of %d: MPI_Bcast of the unique id failed", fn, rank,
              size);

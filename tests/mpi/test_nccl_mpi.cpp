@@ -58,6 +58,9 @@ TEST_CASE("bad arguments on one rank fail every rank at once", "[mpi][nccl]")
     CHECK(std::strstr(ringattn_last_error(), rank == 1 ? "bad device" : "another rank") != nullptr);
     CHECK(ringattn_comm_create_nccl_mpi(MPI_COMM_WORLD, -1, rank == 0 ? nullptr : &c) ==
           RINGATTN_ERR_INVALID_ARGUMENT);
+    // a device this rank does not have (the emulation has two): at once, not at the deadline
+    CHECK(ringattn_comm_create_nccl_mpi(MPI_COMM_WORLD, rank == 0 ? 1000 : 0, &c) ==
+          RINGATTN_ERR_INVALID_ARGUMENT);
     CHECK(c == nullptr);
     CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
 }
