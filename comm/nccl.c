@@ -121,18 +121,13 @@ static ringattn_status_t nc_allgather(ringattn_comm_t c, const void *send, void 
     return n->dev->copy_to_host(recv, n->gather, total);
 }
 
-static void *compute_stream(void *stream)
-{
-    return stream ? ((ra_host_stream *)stream)->device : NULL;
-}
-
 static ringattn_status_t nc_start(ringattn_comm_t c, ra_exchange *x, void *stream)
 {
     nccl_impl *n = c->impl;
     x->comm = c;
     x->tag = ra__comm_next_tag(c);
     x->stream = stream;
-    RA_TRY(n->dev->event_record(n->ready, compute_stream(stream)));
+    RA_TRY(n->dev->event_record(n->ready, ra__host_stream_device(stream)));
     RA_TRY(n->dev->stream_wait(n->stream, n->ready));
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < RA_EXCHANGE_SLOTS && r == ncclSuccess; ++i) {
@@ -158,7 +153,7 @@ static ringattn_status_t nc_test(ringattn_comm_t c, ra_exchange *x, int *done)
 static ringattn_status_t nc_wait(ringattn_comm_t c, ra_exchange *x)
 {
     nccl_impl *n = c->impl;
-    return n->dev->stream_wait(compute_stream(x->stream), n->done);
+    return n->dev->stream_wait(ra__host_stream_device(x->stream), n->done);
 }
 
 static void nc_notify_failure(ringattn_comm_t c)

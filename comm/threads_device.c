@@ -61,7 +61,7 @@ ringattn_status_t ra__threads_device_start(hub *h, int rank, ra_exchange *x, voi
              "(a device comm has one at a time)",
              rank);
     exchange_state *s = state_of(x);
-    s->compute = compute ? ((ra_host_stream *)compute)->device : NULL;
+    s->compute = ra__host_stream_device(compute);
     s->sends = s->receives = 0;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         if (x->send[i].bytes) s->sends |= 1u << i;

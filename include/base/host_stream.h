@@ -19,6 +19,12 @@ typedef struct ra_host_stream {
     } at[RA_HOST_STREAM_MAX];
 } ra_host_stream;
 
+/* The device stream a call's host stream carries (NULL stream or none: the default stream). */
+static inline void *ra__host_stream_device(void *stream)
+{
+    return stream ? ((ra_host_stream *)stream)->device : NULL;
+}
+
 /* Calls poll(ctx) at every ra__host_stream_poll until detached. Returns 0, or -1 when full. */
 static inline int ra__host_stream_attach(ra_host_stream *s, void (*poll)(void *), void *ctx)
 {

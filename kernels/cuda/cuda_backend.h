@@ -55,7 +55,7 @@ ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what);
 // The call's stream (the caller's, carried on the plan's host stream; NULL: the default).
 static inline cudaStream_t ra__cuda_stream(void *stream)
 {
-    return stream ? (cudaStream_t)((ra_host_stream *)stream)->device : (cudaStream_t)0;
+    return (cudaStream_t)ra__host_stream_device(stream);
 }
 
 // kernels/cuda/memory.cu: the backend's memory and element work.
