@@ -1,7 +1,8 @@
 /*
  * bench_ring.h: what the three files of bench_ring share (see bench_ring.c for what it measures):
- *   bench_ring.c          options, problems, the single-rank reference, the rings over MPI and
- *                         over threads, the checks, the results table and main;
+ *   bench_ring.c          problems, the single-rank reference, the rings over MPI and over
+ *                         threads, the checks, the results table and main;
+ *   bench_ring_options.c  the flags and their defaults;
  *   bench_ring_traffic.c  every rank's token map, the traffic lower bound and its table;
  *   bench_ring_overlap.c  the PMPI wrappers timing the MPI calls, the timed ring pass, the
  *                         exchange alone and the overlap table.
@@ -103,6 +104,25 @@ typedef struct {
     const ring_t *mpi, *threads;
     exch_t ex;
 } overlap_t;
+
+/* ---------------------------------------------------------------- options (bench_ring_options.c) */
+
+typedef struct {
+    shape_t main;              /* efficiency: causal at this shape, every layout in layouts */
+    int layouts[NUM_LAYOUTS], nlayouts;
+    int threads;               /* per rank; 0 = the node's cores divided among its ranks */
+    int reps, sample;
+    shape_t win;               /* traffic only: window narrower than a shard ... */
+    int win_ranks;             /* ... on this many ranks; 0 = skip */
+    int overlap;               /* compute-only and exchange-only times for zigzag */
+    shape_t heavy;             /* overlap: an exchange-heavy shape (MHA, narrow window); T 0 = skip */
+    const char *json_path;
+    int no_json;
+} options_t;
+
+/* 1 = run, 0 = bad flags (said on rank 0), -1 = --help (printed on rank 0) */
+int parse_options(int argc, char **argv, options_t *o);
+int threads_per_rank(void); /* the node's cores divided among its ranks, at least 1 (collective) */
 
 /* ---------------------------------------------------------------- bench_ring.c */
 
