@@ -32,7 +32,6 @@ using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
 using ringtest::Result;
-using ringtest::all_layouts;
 using ringtest::RunOptions;
 
 namespace {
@@ -59,14 +58,10 @@ RunOptions over_nccl()
     return o;
 }
 
+// The NCCL ring at every P in `ranks` under every layout (the single plan is test_cuda_ring's).
 void check_ring(const Problem &pb, std::initializer_list<int> ranks)
 {
-    const ratest::Spec9 judge = ringtest::judge_of(pb);
-    for (ringattn_layout_t layout : all_layouts)
-        for (int n : ranks)
-            ringtest::check_result(ringtest::run(pb, n, layout, over_nccl()), judge, pb,
-                                   "nccl, layout " + std::to_string(layout) + ", ranks " +
-                                       std::to_string(n));
+    ringtest::check_every_layout(pb, ranks, over_nccl(), false);
 }
 
 // The ring with P processes (forked), each on its own communicator from one unique id, its

@@ -20,7 +20,6 @@ using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
 using ringtest::Result;
-using ringtest::all_layouts;
 
 namespace {
 
@@ -35,13 +34,7 @@ std::string label_of(const char *what, ringattn_layout_t layout, int ranks)
 // SPEC 9 of the oracle (exact_logits: at the plain limits).
 void check_ring(const Problem &pb, std::initializer_list<int> ranks, bool exact_logits = false)
 {
-    const ratest::Spec9 judge = ringtest::judge_of(pb);
-    ringtest::check_result(ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS), judge, pb,
-                           "single rank", exact_logits);
-    for (ringattn_layout_t layout : all_layouts)
-        for (int n : ranks)
-            ringtest::check_result(ringtest::run(pb, n, layout), judge, pb,
-                                   label_of("ring", layout, n), exact_logits);
+    ringtest::check_every_layout(pb, ranks, ringtest::RunOptions(), true, exact_logits);
 }
 
 AttnConfig with_bias(AttnConfig c, int hb, int keep_k)

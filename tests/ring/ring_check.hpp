@@ -36,6 +36,23 @@ inline bool check_result(const Result &r, const ratest::Spec9 &judge, const rate
     return judge.check(r.got(pb.cfg), opt);
 }
 
+// The ring at every P in `ranks` under every layout (opt: its comm, say), each within SPEC 9
+// of the oracle; with_single: first the single-rank plan (exact_logits: at the plain limits).
+inline void check_every_layout(const ratest::Problem &pb, std::initializer_list<int> ranks,
+                               const RunOptions &opt = RunOptions(), bool with_single = true,
+                               bool exact_logits = false)
+{
+    const ratest::Spec9 judge = judge_of(pb);
+    if (with_single)
+        check_result(run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS), judge, pb, "single rank",
+                     exact_logits);
+    for (ringattn_layout_t layout : all_layouts)
+        for (int n : ranks)
+            check_result(run(pb, n, layout, opt), judge, pb,
+                         "ring, layout " + std::to_string(layout) + ", ranks " + std::to_string(n),
+                         exact_logits);
+}
+
 inline bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
 {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -27,13 +27,7 @@ namespace {
 // each within SPEC 9 of the oracle.
 void check_ring(const Problem &pb, std::initializer_list<int> ranks)
 {
-    const ratest::Spec9 judge = ringtest::judge_of(pb);
-    ringtest::check_result(ringtest::run(pb, 0, RINGATTN_LAYOUT_CONTIGUOUS), judge, pb, "single rank");
-    for (ringattn_layout_t layout : all_layouts)
-        for (int n : ranks) {
-            const std::string label = "layout " + std::to_string(layout) + ", ranks " + std::to_string(n);
-            ringtest::check_result(ringtest::run(pb, n, layout), judge, pb, label);
-        }
+    ringtest::check_every_layout(pb, ranks);
 }
 
 // A descriptor that `hook` makes differ on one of `ranks` ranks fails on every rank with

@@ -5,11 +5,13 @@
 // operation (fake_runtime.h: enqueue_gated): it runs when what it waits for has run on the other
 // rank's stream, so a drain waits for other ranks as a GPU would, and a message nobody sends
 // blocks its stream until the communicator is aborted.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,10 +41,17 @@ struct Coll {
     int arrived = 0, consumed = 0;
 };
 
+// A (sender, receiver) pair's messages in posting order: those one side has posted and the
+// other not yet (both sides' stream operations hold the others).
+struct PairLog {
+    std::deque<std::shared_ptr<Msg>> pending;
+    size_t first = 0;            // the posting index of pending.front()
+    size_t sends = 0, recvs = 0; // posted so far
+};
+
 struct Clique {
     int nranks = 0, joined = 0;
-    std::map<std::pair<int, int>, std::vector<std::shared_ptr<Msg>>> pairs; // in posting order
-    std::map<std::pair<int, int>, std::pair<size_t, size_t>> posted;        // (sends, receives)
+    std::map<std::pair<int, int>, PairLog> pairs;
     std::map<unsigned long, std::shared_ptr<Coll>> colls;
 };
 
@@ -96,11 +105,13 @@ size_t elem_size(ncclDataType_t t)
 
 std::shared_ptr<Msg> message(Clique &c, int from, int to, bool is_send)
 {
-    auto &list = c.pairs[{from, to}];
-    auto &n = c.posted[{from, to}];
-    const size_t k = is_send ? n.first++ : n.second++;
-    while (list.size() <= k) list.push_back(std::make_shared<Msg>());
-    return list[k];
+    PairLog &log = c.pairs[{from, to}];
+    const size_t k = is_send ? log.sends++ : log.recvs++;
+    while (log.first + log.pending.size() <= k) log.pending.push_back(std::make_shared<Msg>());
+    std::shared_ptr<Msg> m = log.pending[k - log.first];
+    while (!log.pending.empty() && log.first < std::min(log.sends, log.recvs))
+        log.pending.pop_front(), ++log.first;
+    return m;
 }
 
 template <class T> void reduce(T *acc, const T *x, size_t n, ncclRedOp_t op)
