@@ -384,7 +384,10 @@ static void run_ring(const options_t *o, const problem_t *p, const rank_io_t *on
     const int gpus = o->nccl && devices < P ? devices : o->nccl ? P : 1;
     if (r[0].skip[0]) {
         printf("# %d ranks over NCCL on %d GPU(s): skipped: %s\n", P, devices, r[0].skip);
-        for (int i = 0; i < P; ++i) io_free(&r[i].io);
+        for (int i = 0; i < P; ++i) {
+            io_free(&r[i].io);
+            if (r[i].comm) ringattn_comm_destroy(r[i].comm);
+        }
         pthread_barrier_destroy(&bar);
         return;
     }
@@ -406,6 +409,7 @@ static void run_ring(const options_t *o, const problem_t *p, const rank_io_t *on
         }
         io_free(&r[i].io);
         if (comms[i]) ringattn_comm_destroy(comms[i]);
+        if (o->nccl && r[i].comm) ringattn_comm_destroy(r[i].comm); /* its plan failed */
     }
     pthread_barrier_destroy(&bar);
     for (int bwd = 0; bwd < 2; ++bwd) {
