@@ -38,21 +38,32 @@ typedef struct nccl_impl {
     int aborted;
 } nccl_impl;
 
+/* What a failure message adds about the communicator: a borrowed one is the caller's to abort. */
+static const char *borrowed_hint(const nccl_impl *n)
+{
+    return n->owned ? "" : "; the caller's communicator is left as it is: abort it";
+}
+
 static ringattn_status_t nccl_fail(ringattn_comm_t c, const char *what, ncclResult_t r)
 {
     const nccl_impl *n = c->impl;
     return ra__fail(RINGATTN_ERR_COMM, "ringattn comm nccl: rank %d: %s: %s (%s)%s", c->rank, what,
-                    ncclGetErrorString(r), ncclGetLastError(n->nc),
-                    n->owned ? "" : "; the caller's communicator is left as it is: abort it");
+                    ncclGetErrorString(r), ncclGetLastError(n->nc), borrowed_hint(n));
+}
+
+ncclResult_t ra__nccl_settle(ncclComm_t nc, ncclResult_t r)
+{
+    const double until = ra__comm_now() + ra__comm_timeout_s();
+    while (r == ncclInProgress && ra__comm_now() < until)
+        if (ncclCommGetAsyncError(nc, &r) != ncclSuccess) r = ncclInternalError;
+    return r;
 }
 
 /* A non-blocking communicator's call may return ncclInProgress: poll until it is done. */
 static ringattn_status_t settle(ringattn_comm_t c, const char *what, ncclResult_t r)
 {
     nccl_impl *n = c->impl;
-    const double until = ra__comm_now() + ra__comm_timeout_s();
-    while (r == ncclInProgress && ra__comm_now() < until)
-        if (ncclCommGetAsyncError(n->nc, &r) != ncclSuccess) r = ncclInternalError;
+    r = ra__nccl_settle(n->nc, r);
     if (r == ncclSuccess) return RINGATTN_SUCCESS;
     if (r == ncclInProgress)
         return ra__fail(RINGATTN_ERR_COMM, "ringattn comm nccl: rank %d: %s: still in progress "
@@ -76,9 +87,21 @@ static ringattn_status_t poll_event(ringattn_comm_t c, void *event, const char *
             return ra__fail(RINGATTN_ERR_COMM,
                             "ringattn comm nccl: rank %d: %s: not done after %g s (a peer that "
                             "never sends, or one that left the call)%s",
-                            c->rank, what, ra__comm_timeout_s(),
-                            n->owned ? "" : "; the caller's communicator is left as it is: abort it");
+                            c->rank, what, ra__comm_timeout_s(), borrowed_hint(n));
     }
+}
+
+/* The control plane's round trip: every rank's `count` elements of buf (device) reduced in
+   place on the transport's stream, waited for against the deadline, then `bytes` of it to host. */
+static ringattn_status_t reduce_to_host(ringattn_comm_t c, void *buf, size_t count,
+                                        ncclDataType_t type, ncclRedOp_t op, const char *what,
+                                        void *host, size_t bytes)
+{
+    nccl_impl *n = c->impl;
+    RA_TRY(settle(c, "ncclAllReduce", ncclAllReduce(buf, buf, count, type, op, n->nc, n->stream)));
+    RA_TRY(n->dev->event_record(n->control_done, n->stream));
+    RA_TRY(poll_event(c, n->control_done, what));
+    return n->dev->copy_to_host(host, buf, bytes);
 }
 
 static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_vals, ra_reduce_op op)
@@ -89,11 +112,7 @@ static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_va
     const size_t bytes = (size_t)n_vals * sizeof *vals;
     const ncclRedOp_t nop = op == RA_REDUCE_SUM ? ncclSum : op == RA_REDUCE_MIN ? ncclMin : ncclMax;
     RA_TRY(n->dev->copy_from_host(n->control, vals, bytes, n->stream));
-    RA_TRY(settle(c, "ncclAllReduce", ncclAllReduce(n->control, n->control, (size_t)n_vals,
-                                                     ncclInt64, nop, n->nc, n->stream)));
-    RA_TRY(n->dev->event_record(n->control_done, n->stream));
-    RA_TRY(poll_event(c, n->control_done, "agreement"));
-    return n->dev->copy_to_host(vals, n->control, bytes);
+    return reduce_to_host(c, n->control, (size_t)n_vals, ncclInt64, nop, "agreement", vals, bytes);
 }
 
 /* Every rank's bytes in one zeroed buffer at its place, summed as bytes: each place holds its
@@ -114,11 +133,7 @@ static ringattn_status_t nc_allgather(ringattn_comm_t c, const void *send, void 
     RA_TRY(n->dev->zero(n->gather, total, n->stream));
     if (bytes[c->rank])
         RA_TRY(n->dev->copy_from_host((char *)n->gather + at, send, bytes[c->rank], n->stream));
-    RA_TRY(settle(c, "ncclAllReduce", ncclAllReduce(n->gather, n->gather, total, ncclUint8, ncclSum,
-                                                     n->nc, n->stream)));
-    RA_TRY(n->dev->event_record(n->control_done, n->stream));
-    RA_TRY(poll_event(c, n->control_done, "allgather"));
-    return n->dev->copy_to_host(recv, n->gather, total);
+    return reduce_to_host(c, n->gather, total, ncclUint8, ncclSum, "allgather", recv, total);
 }
 
 static ringattn_status_t nc_start(ringattn_comm_t c, ra_exchange *x, void *stream)

@@ -5,7 +5,6 @@
 #include "ringattn_nccl.h"
 
 #include "base/error.h"
-#include "comm/comm.h"
 #include "comm/nccl_comm.h"
 #include "kernels/backend.h"
 
@@ -37,9 +36,7 @@ ringattn_status_t ringattn_comm_create_nccl_id(const ncclUniqueId *id, int nrank
     config.blocking = 0;
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&nc, nranks, *id, rank, &config);
-    const double until = ra__comm_now() + ra__comm_timeout_s();
-    while (r == ncclInProgress && nc && ra__comm_now() < until)
-        if (ncclCommGetAsyncError(nc, &r) != ncclSuccess) r = ncclInternalError;
+    if (nc) r = ra__nccl_settle(nc, r);
     const char *last = ncclGetLastError(nc); /* NCCL's detail, often empty */
     if (!last) last = "";
     ringattn_status_t st =
