@@ -27,10 +27,30 @@ ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr)
 
 void ra__cuda_free(void *ptr) { cudaFree(ptr); }
 
+namespace {
+
+// On a raw stream (a cudaStream_t): the device operations' form (device_ops_table, below); the
+// backend's own take the call's host stream.
+ringattn_status_t raw_zero(void *dst, size_t bytes, void *stream)
+{
+    if (bytes) RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
+    return RINGATTN_SUCCESS;
+}
+
+// Pageable host memory: CUDA has read it when the call returns, so the caller may reuse it.
+ringattn_status_t raw_from_host(void *dst, const void *host, size_t bytes, void *stream)
+{
+    if (bytes)
+        RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream),
+                    "cudaMemcpyAsync");
+    return RINGATTN_SUCCESS;
+}
+
+} // namespace
+
 ringattn_status_t ra__cuda_zero(void *dst, size_t bytes, void *stream)
 {
-    if (bytes) RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, ra__cuda_stream(stream)), "cudaMemsetAsync");
-    return RINGATTN_SUCCESS;
+    return raw_zero(dst, bytes, ra__cuda_stream(stream));
 }
 
 ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, void *stream)
@@ -42,13 +62,9 @@ ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, vo
     return RINGATTN_SUCCESS;
 }
 
-// Pageable host memory: CUDA has read it when the call returns, so the caller may reuse it.
 ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream)
 {
-    if (bytes)
-        RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ra__cuda_stream(stream)),
-                    "cudaMemcpyAsync");
-    return RINGATTN_SUCCESS;
+    return raw_from_host(dst, host, bytes, ra__cuda_stream(stream));
 }
 
 namespace {
@@ -278,19 +294,6 @@ ringattn_status_t event_query(void *event, int *done)
     *done = e == cudaSuccess;
     if (e == cudaErrorNotReady) return RINGATTN_SUCCESS;
     RA_CUDA_TRY(e, "cudaEventQuery");
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t raw_zero(void *dst, size_t bytes, void *stream)
-{
-    RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t raw_from_host(void *dst, const void *host, size_t bytes, void *stream)
-{
-    RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream),
-                "cudaMemcpyAsync");
     return RINGATTN_SUCCESS;
 }
 
