@@ -36,7 +36,6 @@ using ringtest::RunOptions;
 
 namespace {
 
-
 // A build without NCCL (a CUDA build configured without RINGATTN_ENABLE_NCCL) has nothing to test.
 // On a GPU, NCCL refuses two ranks of one communicator on one device ("Duplicate GPU
 // detected"): there the transport is tested with processes (CUDA.md section 3), not here.
@@ -46,7 +45,7 @@ bool have_nccl()
         WARN("a real GPU: NCCL refuses ranks as threads on one device; nothing to test here");
         return false;
     }
-    if (dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id")) return true;
+    if (ringtest::nccl_entry()) return true;
     WARN("this library has no NCCL transport (RINGATTN_ENABLE_NCCL=OFF): nothing to test");
     return false;
 }
@@ -104,20 +103,16 @@ Result run_processes(const Problem &pb, int P, ringattn_layout_t layout, std::st
         // the child: no CUDA or NCCL call was made before the fork
         ProcessSlot *me = slot(r);
         setenv("NCCL_HOSTID", ("ringattn-test-rank-" + std::to_string(r)).c_str(), 1);
-        using get_id_t = int (*)(void *);
-        using create_t = ringattn_status_t (*)(const void *, int, int, int, ringattn_comm_t *);
-        const auto get_id = reinterpret_cast<get_id_t>(dlsym(RTLD_DEFAULT, "ncclGetUniqueId"));
-        const auto create =
-            reinterpret_cast<create_t>(dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id"));
+        const ringtest::NcclEntry nccl = ringtest::nccl_entry();
         if (r == 0) {
-            me->status = get_id(id) == 0 ? RINGATTN_SUCCESS : RINGATTN_ERR_COMM;
+            me->status = nccl.get_id(id) == 0 ? RINGATTN_SUCCESS : RINGATTN_ERR_COMM;
             id_ready->store(me->status == RINGATTN_SUCCESS ? 1 : 2);
         }
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
         while (id_ready->load() == 0 && std::chrono::steady_clock::now() < until)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         ringattn_comm_t comm = nullptr;
-        me->status = id_ready->load() == 1 ? create(id, P, r, -1, &comm) : RINGATTN_ERR_COMM;
+        me->status = id_ready->load() == 1 ? nccl.create(id, P, r, -1, &comm) : RINGATTN_ERR_COMM;
         std::snprintf(me->reason, sizeof me->reason, "%s", ringattn_last_error());
         if (me->status != RINGATTN_SUCCESS) {
             me->state.store(std::strstr(me->reason, "Duplicate GPU") ? 2 : 1);
@@ -164,7 +159,7 @@ Result run_processes(const Problem &pb, int P, ringattn_layout_t layout, std::st
 
 TEST_CASE("NCCL ring of processes: P = 1 (self), and P = 2, 4 on one GPU with NCCL_HOSTID", "[cuda][nccl][procs]")
 {
-    if (!dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id")) {
+    if (!ringtest::nccl_entry()) {
         WARN("this library has no NCCL transport (RINGATTN_ENABLE_NCCL=OFF): nothing to test");
         return;
     }
@@ -193,8 +188,7 @@ TEST_CASE("NCCL ring of processes: P = 1 (self), and P = 2, 4 on one GPU with NC
 
 TEST_CASE("NCCL ring of processes: a rank that leaves the call fails the others within the deadline", "[cuda][nccl][procs][faults]")
 {
-    if (!dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id") ||
-        dlsym(RTLD_DEFAULT, "ra_emu_nccl_withhold_sends")) {
+    if (!ringtest::nccl_entry() || dlsym(RTLD_DEFAULT, "ra_emu_nccl_withhold_sends")) {
         WARN("needs real NCCL (processes on a GPU); the fake's case is the threads' one below");
         return;
     }

@@ -180,27 +180,23 @@ ratest::Dense dense(const std::vector<float> &v, int64_t T, int heads, int dim)
     return d;
 }
 
-// NCCL's unique id and ringattn's NCCL constructor, found by name: the library under test
-// brings them (the emulated one: the fake NCCL), not the test's link.
+// Each rank a thread on its own communicator from one unique id.
 Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt,
                  Result &res)
 {
-    using get_id_t = int (*)(void *);
-    using create_t = ringattn_status_t (*)(const void *, int, int, int, ringattn_comm_t *);
-    const auto get_id = reinterpret_cast<get_id_t>(dlsym(RTLD_DEFAULT, "ncclGetUniqueId"));
-    const auto create = reinterpret_cast<create_t>(dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id"));
-    if (!get_id || !create) {
+    const NcclEntry nccl = nccl_entry();
+    if (!nccl) {
         res.status = RINGATTN_ERR_UNSUPPORTED;
         return res;
     }
     unsigned char id[128];
-    REQUIRE(get_id(id) == 0);
+    REQUIRE(nccl.get_id(id) == 0);
     Shared sh{{}, res};
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
         threads.emplace_back([&, r] {
             ringattn_comm_t comm = nullptr;
-            const ringattn_status_t st = create(id, ranks, r, -1, &comm);
+            const ringattn_status_t st = nccl.create(id, ranks, r, -1, &comm);
             if (st != RINGATTN_SUCCESS) return sh.fail(r, st);
             rank_work(pb, comm, r, layout, opt, sh);
             ringattn_comm_destroy(comm);
@@ -210,6 +206,14 @@ Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const R
 }
 
 } // namespace
+
+NcclEntry nccl_entry()
+{
+    NcclEntry e;
+    e.get_id = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "ncclGetUniqueId"));
+    e.create = reinterpret_cast<decltype(e.create)>(dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl_id"));
+    return e;
+}
 
 Result blank(const Problem &pb, float fill)
 {

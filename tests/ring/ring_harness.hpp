@@ -43,6 +43,17 @@ struct Result {
     ratest::Got got(const ratest::AttnConfig &cfg) const; // as float64, for SPEC 9
 };
 
+// NCCL's ncclGetUniqueId and ringattn_comm_create_nccl_id, found by name: the library under
+// test brings them (the emulated one its fake NCCL, a CUDA build with RINGATTN_ENABLE_NCCL the
+// real one), not the test's link. Both null without NCCL.
+struct NcclEntry {
+    int (*get_id)(void *id); // ncclUniqueId: 128 bytes
+    ringattn_status_t (*create)(const void *id, int nranks, int rank, int device,
+                                ringattn_comm_t *out);
+    explicit operator bool() const { return get_id && create; }
+};
+NcclEntry nccl_entry();
+
 // The problem's outputs, every entry `fill`: the shape of a Result, made without a call.
 Result blank(const ratest::Problem &pb, float fill);
 

@@ -127,7 +127,6 @@ inline AttnConfig ring_batch(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT
     return c;
 }
 
-// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
 // The same batch with the CUDA kernels' own tiles (a CUDA plan takes block_q = block_k = 0).
 inline AttnConfig ring_batch_cuda(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT32)
 {
@@ -135,6 +134,8 @@ inline AttnConfig ring_batch_cuda(const Mask &m, ringattn_dtype_t dt = RINGATTN_
     c.block_q = c.block_k = 0;
     return c;
 }
+
+// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
 
 inline AttnConfig ring_softcap_alibi_mqa()
 {
