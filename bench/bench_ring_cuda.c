@@ -168,7 +168,7 @@ typedef struct {
     double best[2];        /* rank 0: best ring time per pass */
     double exch[2];        /* rank 0, --transport nccl: the exchange alone per pass */
     size_t recv_bytes[2]; /* per call and pass: what this rank receives */
-    int steps[2];          /* ring steps per pass */
+    int steps;             /* ring steps (the same in both passes) */
     int failed;
     char skip[320];        /* NCCL refused the ranks (one GPU for several): why */
 } rank_t;
@@ -213,7 +213,7 @@ static int exchange_alone(rank_t *r) {
     int bad = nccl.init_rank(&nc, r->P, r->ids[1], r->rank) != 0 || cuda.stream_create(&stream) != 0 ||
               !(a = cuda_memory_upload(&cuda, NULL, most)) || !(b = cuda_memory_upload(&cuda, NULL, most));
     for (int bwd = 0; bwd < 2; ++bwd) {
-        const int hops = r->steps[bwd] - 1;
+        const int hops = r->steps - 1;
         const size_t per = hops > 0 ? r->recv_bytes[bwd] / (size_t)hops : 0;
         r->exch[bwd] = INFINITY;
         for (int rep = 0; rep <= r->o->reps; ++rep) {
@@ -261,7 +261,7 @@ static void *rank_main(void *arg) {
     ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
     if (ringattn_plan_get_info(plan, &info) == RINGATTN_SUCCESS) {
         r->recv_bytes[0] = info.forward_bytes_received, r->recv_bytes[1] = info.backward_bytes_received;
-        r->steps[0] = r->steps[1] = info.num_steps;
+        r->steps = info.num_steps;
     }
     r->failed = io_make(plan, r->o, r->p, &r->io) ||
                 timed_passes(plan, &r->io, r->o, r->bar, rank == 0, r->best) ||
@@ -338,14 +338,18 @@ static void row(const options_t *o, const char *layout, int ranks, int gpus, int
    dK and dV float32 partial sums back from each of them. */
 static void lower_bound(const options_t *o, const rank_t *r, int P, double bound[2]) {
     bound[0] = bound[1] = 0.0;
+    int32_t first[8], last[8]; /* each rank's first and last token */
     for (int s = 0; s < P; ++s) {
-        int32_t first = INT32_MAX;
-        for (int64_t i = 0; i < r[s].io.rows; ++i) first = r[s].io.idx[i] < first ? r[s].io.idx[i] : first;
+        first[s] = INT32_MAX, last[s] = -1;
+        for (int64_t i = 0; i < r[s].io.rows; ++i) {
+            first[s] = r[s].io.idx[i] < first[s] ? r[s].io.idx[i] : first[s];
+            last[s] = r[s].io.idx[i] > last[s] ? r[s].io.idx[i] : last[s];
+        }
+    }
+    for (int s = 0; s < P; ++s) {
         const double kv = (double)r[s].io.rows * o->HKV * o->D;
         for (int q = 0; q < P; ++q) {
-            int32_t last = -1;
-            for (int64_t i = 0; i < r[q].io.rows; ++i) last = r[q].io.idx[i] > last ? r[q].io.idx[i] : last;
-            if (q == s || r[s].io.rows == 0 || (o->causal && first > last)) continue;
+            if (q == s || r[s].io.rows == 0 || (o->causal && first[s] > last[q])) continue;
             bound[0] += kv * 2 * (o->bf16 ? 2 : 4);
             bound[1] += kv * (2 * (o->bf16 ? 2 : 4) + 2 * 4);
         }

@@ -39,7 +39,6 @@ ra_emu_stream default_stream{0, {}};
 
 namespace ra_emu::fake {
 
-
 ra_emu_stream *stream_of(cudaStream_t s)
 {
     if (streams.empty()) streams.push_back(&default_stream);
@@ -63,11 +62,14 @@ bool gated()
     return false;
 }
 
-double wait_limit_s()
+double wait_limit_s() // read once: drain asks at every idle pass
 {
-    const char *env = std::getenv("RA_EMU_WAIT_S");
-    const double s = env ? std::atof(env) : 0.0;
-    return s > 0 ? s : 120.0;
+    static const double limit = [] {
+        const char *env = std::getenv("RA_EMU_WAIT_S");
+        const double s = env ? std::atof(env) : 0.0;
+        return s > 0 ? s : 120.0;
+    }();
+    return limit;
 }
 
 // Runs one operation of some stream with runnable work, by the drain policy; false if none.
@@ -134,7 +136,6 @@ bool all_empty()
 }
 
 } // namespace ra_emu::fake
-
 
 namespace ra_emu {
 
