@@ -1,0 +1,305 @@
+"""Communicators and plans over the C API, with numpy arrays in and out.
+
+A Plan is ringattn_plan_t: the shapes and masks of a call, made once (collective over its comm)
+and run many times. Tensors are [T, heads, dim] with any row and head strides and a contiguous
+last dim (SPEC 8's local rows: plan.local_tokens()). The C API cannot see a buffer's extent, so
+every array's shape and dtype is checked here against the plan before anything is written.
+"""
+import ctypes
+
+import numpy as np
+
+from . import _capi as C
+
+_NP_DTYPES = {C.FLOAT32: np.dtype(np.float32), C.FLOAT16: np.dtype(np.float16),
+              C.BFLOAT16: np.dtype(np.uint16)}  # bfloat16 as its raw bits (numpy has none)
+DTYPES = {"float32": C.FLOAT32, "float16": C.FLOAT16, "bfloat16": C.BFLOAT16}
+BACKENDS = {"auto": C.BACKEND_AUTO, "cpu": C.BACKEND_CPU, "cuda": C.BACKEND_CUDA}
+
+
+class Comm:
+    """Who is in the ring and how bytes move (ringattn_comm_t). Destroyed when the last plan
+    made over it and the Comm itself are gone (or by close())."""
+
+    def __init__(self, handle, keepalive=None):
+        self._handle = ctypes.c_void_p(handle)
+        self._keepalive = keepalive  # what the C comm calls back into (custom transports)
+        rank, size = ctypes.c_int(), ctypes.c_int()
+        C.call("ringattn_comm_rank", self._handle, ctypes.byref(rank), ctypes.byref(size))
+        self.rank, self.size = rank.value, size.value
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise C.UsageError(C.INVALID_USAGE, "ringattn: this Comm was closed")
+        return self._handle
+
+    def close(self):
+        if self._handle:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            C.call("ringattn_comm_destroy", handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown, or a failed comm: nothing left to do
+            pass
+
+    def __repr__(self):
+        return "ringattn.Comm(rank=%d, size=%d)" % (self.rank, self.size)
+
+    @staticmethod
+    def threads(num_ranks):
+        """num_ranks ranks as threads of this process: comms[r] is used by thread r alone."""
+        handles = (ctypes.c_void_p * num_ranks)()
+        C.call("ringattn_comm_create_threads", int(num_ranks), handles)
+        return [Comm(h) for h in handles]
+
+    @staticmethod
+    def threads_device(num_ranks, device=-1):
+        """The same for CUDA plans: every rank on one GPU, shards moved by device copies."""
+        handles = (ctypes.c_void_p * num_ranks)()
+        C.call("ringattn_comm_create_threads_device", int(num_ranks), int(device), handles)
+        return [Comm(h) for h in handles]
+
+    @staticmethod
+    def from_mpi4py(comm):
+        """A comm over an mpi4py communicator's ranks (collective over it). Passed as its
+        Fortran handle, so this package does not depend on one MPI's ABI; the library must be
+        built with the same MPI that mpi4py runs on."""
+        if not C.has("ringattn_comm_create_mpi_fortran"):
+            raise C.UnsupportedError(C.UNSUPPORTED, "ringattn: this libringattn has no "
+                                     "ringattn_comm_create_mpi_fortran (too old)")
+        out = ctypes.c_void_p()
+        C.call("ringattn_comm_create_mpi_fortran", int(comm.py2f()), ctypes.byref(out))
+        return Comm(out.value)
+
+    @staticmethod
+    def from_torch(group=None, device=None):
+        """A comm over a torch.distributed group (see ringattn.comm.from_torch)."""
+        from .comm import from_torch
+        return from_torch(group, device)
+
+
+def _window(causal, window):
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return left, (0 if causal else right)
+
+
+def _int32_array(values, what):
+    arr = np.ascontiguousarray(np.asarray(values), dtype=np.int64)
+    if arr.ndim != 1 or arr.size < 1:
+        raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s must be a 1-D sequence of "
+                                     "boundaries starting at 0" % what)
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s out of int32 range" % what)
+    return arr.astype(np.int32)
+
+
+class Plan:
+    """ringattn_plan_t for one descriptor (ringattn_plan_desc_t's fields as keywords)."""
+
+    def __init__(self, cu_seqlens, num_heads, head_dim, *, num_kv_heads=0, head_dim_v=0,
+                 dtype="float32", layout="contiguous", cu_seqlens_k=None, causal=False,
+                 window=None, scale=0.0, softcap=0.0, alibi_slopes=None, key_bias_heads=0,
+                 keep_k=0, block_q=0, block_k=0, num_threads=0, backend="cpu", device=-1,
+                 comm=None):
+        if dtype not in DTYPES or layout not in C.LAYOUTS or backend not in BACKENDS:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: dtype must be one of %s, "
+                                         "layout one of %s, backend one of %s" %
+                                         (sorted(DTYPES), sorted(C.LAYOUTS), sorted(BACKENDS)))
+        self.cu_seqlens = _int32_array(cu_seqlens, "cu_seqlens")
+        self.cu_seqlens_k = (None if cu_seqlens_k is None
+                             else _int32_array(cu_seqlens_k, "cu_seqlens_k"))
+        slopes = (None if alibi_slopes is None
+                  else np.ascontiguousarray(alibi_slopes, dtype=np.float32).reshape(-1))
+        left, right = _window(causal, window)
+        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+        self.num_kv_heads = int(num_kv_heads) or self.num_heads
+        self.head_dim_v = int(head_dim_v) or self.head_dim
+        self.dtype, self.dtype_code = dtype, DTYPES[dtype]
+        self.key_bias_heads, self.comm = int(key_bias_heads), comm
+        desc = C.PlanDesc(
+            num_heads=self.num_heads, num_kv_heads=int(num_kv_heads), head_dim=self.head_dim,
+            head_dim_v=int(head_dim_v), dtype=self.dtype_code, layout=C.LAYOUTS[layout],
+            num_seqs=self.cu_seqlens.size - 1,
+            cu_seqlens=self.cu_seqlens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            causal=int(bool(causal)), window_left=left, window_right=right,
+            softmax_scale=float(scale), softcap=float(softcap),
+            key_bias_heads=self.key_bias_heads, keep_k=int(keep_k), block_q=int(block_q),
+            block_k=int(block_k), num_threads=int(num_threads), backend=BACKENDS[backend],
+            device=int(device))
+        if self.cu_seqlens_k is not None:
+            desc.cu_seqlens_k = self.cu_seqlens_k.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        if slopes is not None:
+            desc.alibi_slopes = slopes.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        handle = ctypes.c_void_p()
+        C.call("ringattn_plan_create", None if comm is None else comm.handle, ctypes.byref(desc),
+               ctypes.byref(handle))
+        self._handle = handle
+        count = ctypes.c_int64()
+        C.call("ringattn_plan_local_tokens", handle, ctypes.byref(count), None)
+        index = np.empty(count.value, dtype=np.int32)
+        C.call("ringattn_plan_local_tokens", handle, ctypes.byref(count),
+               index.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        self.index = index  # each local row's index in the global packed batch
+        self.num_tokens = int(self.cu_seqlens[-1])
+        # keys: the local query rows in a ring; every key of the batch on one rank
+        self.num_keys = (int(self.cu_seqlens_k[-1]) if self.cu_seqlens_k is not None and
+                         comm is None else index.size)
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise C.UsageError(C.INVALID_USAGE, "ringattn: this Plan was closed")
+        return self._handle
+
+    def close(self):
+        if getattr(self, "_handle", None):
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            C.call("ringattn_plan_destroy", handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def info(self):
+        """ringattn_plan_get_info as a dict: schedule, bytes per call, tiles and memory."""
+        info = C.PlanInfo()
+        C.call("ringattn_plan_get_info", self.handle, ctypes.byref(info))
+        return {name: getattr(info, name) for name, _ in C.PlanInfo._fields_[1:]}
+
+    def local_tokens(self):
+        return self.index.copy()
+
+    def positions(self):
+        """Each local row's position within its own sequence (what RoPE needs)."""
+        seq = np.searchsorted(self.cu_seqlens, self.index, side="right") - 1
+        return (self.index - self.cu_seqlens[seq]).astype(np.int64)
+
+    # -- shapes every call checks (the C API cannot) --------------------------------------
+    def expected_shapes(self):
+        tq, tk = self.index.size, self.num_keys
+        return {"q": (tq, self.num_heads, self.head_dim), "k": (tk, self.num_kv_heads, self.head_dim),
+                "v": (tk, self.num_kv_heads, self.head_dim_v),
+                "o": (tq, self.num_heads, self.head_dim_v),
+                "dout": (tq, self.num_heads, self.head_dim_v), "lse": (self.num_heads, tq),
+                "key_bias": (self.key_bias_heads, self.num_bias_keys())}
+
+    def num_bias_keys(self):
+        return self.num_keys
+
+    def forward_raw(self, tensors, stream=None):
+        C.call("ringattn_forward", self.handle, ctypes.byref(tensors), stream)
+
+    def backward_raw(self, tensors, stream=None):
+        C.call("ringattn_backward", self.handle, ctypes.byref(tensors), stream)
+
+    # -- numpy ---------------------------------------------------------------------------
+    def _array(self, name, arr, dtype=None):
+        want = self.expected_shapes()[name]
+        dtype = _NP_DTYPES[self.dtype_code] if dtype is None else np.dtype(dtype)
+        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != want:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s must be a numpy array "
+                                         "of dtype %s and shape %s, got %s" %
+                                         (name, dtype, want, _describe(arr)))
+        if arr.ndim == 3 and arr.strides[2] != arr.itemsize:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s's last dim must be "
+                                         "contiguous (stride %d bytes)" % (name, arr.strides[2]))
+        return arr
+
+    def _tensor(self, name, arr):
+        arr = self._array(name, arr)
+        step = arr.itemsize
+        if any(s % step for s in arr.strides):
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s's strides are not "
+                                         "whole elements" % name)
+        return C.Tensor(arr.ctypes.data, arr.strides[0] // step, arr.strides[1] // step)
+
+    def _f32(self, name, arr):
+        arr = self._array(name, arr, np.float32)
+        if not arr.flags.c_contiguous:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s must be packed" % name)
+        return arr.ctypes.data
+
+    def forward(self, q, k, v, key_bias=None):
+        """O [T, H, D_v] and LSE [H, T] float32 of this rank's queries."""
+        t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v))
+        if key_bias is not None:
+            t.key_bias = self._f32("key_bias", key_bias)
+        shapes = self.expected_shapes()
+        out = np.full(shapes["o"], np.nan, dtype=_NP_DTYPES[self.dtype_code])
+        lse = np.full(shapes["lse"], np.nan, dtype=np.float32)
+        t.o, t.lse = self._tensor("o", out), lse.ctypes.data
+        self.forward_raw(t)
+        return out, lse
+
+    def backward(self, q, k, v, out, lse, dout, key_bias=None, want_dbias=False):
+        """dQ, dK, dV (and dbias when asked for) from the forward's O and LSE (SPEC 7)."""
+        t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v),
+                      o=self._tensor("o", out), dout=self._tensor("dout", dout))
+        t.lse = self._f32("lse", lse)
+        shapes = self.expected_shapes()
+        grads = [np.empty(shapes[n], dtype=_NP_DTYPES[self.dtype_code]) for n in ("q", "k", "v")]
+        t.dq, t.dk, t.dv = (self._tensor(n, g) for n, g in zip(("q", "k", "v"), grads))
+        dbias = None
+        if key_bias is not None:
+            t.key_bias = self._f32("key_bias", key_bias)
+            if want_dbias:
+                dbias = np.empty(shapes["key_bias"], dtype=np.float32)
+                t.dbias = dbias.ctypes.data
+        self.backward_raw(t)
+        return (*grads, dbias) if want_dbias else tuple(grads)
+
+    def scatter(self, global_array):
+        """This rank's rows of a global [T, heads, dim] array (ringattn_plan_scatter)."""
+        g = np.asarray(global_array)
+        dtype_code = _dtype_code(g.dtype)
+        heads, dim = _heads_dim(g, self.num_tokens, "global array")
+        local = np.empty((self.index.size,) + g.shape[1:], dtype=g.dtype)
+        C.call("ringattn_plan_scatter", self.handle, dtype_code, heads, dim, _flat_tensor(g),
+               _flat_tensor(local))
+        return local
+
+    def gather(self, local_array, out=None):
+        """Writes a local array's rows into their places of a global one (others unchanged)."""
+        loc = np.asarray(local_array)
+        dtype_code = _dtype_code(loc.dtype)
+        heads, dim = _heads_dim(loc, self.index.size, "local array")
+        if out is None:
+            out = np.zeros((self.num_tokens,) + loc.shape[1:], dtype=loc.dtype)
+        elif out.shape != (self.num_tokens,) + loc.shape[1:] or out.dtype != loc.dtype:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: gather's out must be %s "
+                                         "of %s" % ((self.num_tokens,) + loc.shape[1:], loc.dtype))
+        C.call("ringattn_plan_gather", self.handle, dtype_code, heads, dim, _flat_tensor(loc),
+               _flat_tensor(out))
+        return out
+
+
+def _describe(arr):
+    if isinstance(arr, np.ndarray):
+        return "%s of shape %s" % (arr.dtype, arr.shape)
+    return type(arr).__name__
+
+
+def _dtype_code(dtype):
+    for code, np_dtype in _NP_DTYPES.items():
+        if np_dtype == dtype:
+            return code
+    raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: scatter/gather take float32, "
+                                 "float16 or bfloat16 bits (uint16), got %s" % dtype)
+
+
+def _heads_dim(arr, rows, what):
+    if arr.ndim != 3 or arr.shape[0] != rows:
+        raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: the %s must be [%d, heads, "
+                                     "dim], got shape %s" % (what, rows, arr.shape))
+    if not arr.flags.c_contiguous:
+        raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: the %s must be packed" % what)
+    return arr.shape[1], arr.shape[2]
+
+
+def _flat_tensor(arr):
+    return C.Tensor(arr.ctypes.data, 0, 0)

@@ -1,0 +1,311 @@
+"""ringattn for PyTorch: differentiable attention on local shards, as torch.library custom ops.
+
+    out, lse = ringattn.torch.attention(q, k, v, cu_seqlens, causal=True, comm=comm)
+
+q [T_local, H, D], k and v [T_local_k, H_kv, D or D_v]: packed variable-length sequences with
+no batch dimension (the layout of FlashAttention's varlen functions), each with a contiguous
+last dim. cu_seqlens are the GLOBAL packed batch's boundaries, the same on every rank; with a
+comm every rank passes its own rows under `layout` (shard() gives them, positions() their
+positions for RoPE). Returns out [T_local, H, D_v] and lse [H, T_local] float32 (SPEC 4).
+
+The ops "ringattn::forward" and "ringattn::backward" have fake kernels (torch.compile traces
+them without graph breaks) and autograd (the backward is the library's deterministic SPEC 7
+backward). Plans are made on first use and cached by shapes, dtype, device, mask and comm; on
+a comm, plan creation and every call are collective: every rank makes the same calls in the
+same order. CPU tensors run on the CPU backend; CUDA tensors on the CUDA backend (a build with
+CUDA), enqueued on the current stream. lse is not differentiable: it comes back with
+requires_grad False, so autograd refuses a loss that needs its gradient instead of dropping it.
+"""
+import collections
+import ctypes
+import itertools
+import threading
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import _capi as C
+from .core import Plan
+
+__all__ = ["attention", "plan", "shard", "unshard", "positions", "ShardPlan", "clear_cache"]
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_LAYOUTS = ("contiguous", "zigzag", "striped")
+
+# Ops take a comm as an int (their schema has no room for objects): its id in this registry.
+_comm_ids = itertools.count(1)
+_comms = weakref.WeakValueDictionary()
+_cache_lock = threading.Lock()
+_plans = collections.OrderedDict()
+_PLAN_CACHE_SIZE = 64
+
+
+def _comm_id(comm):
+    if comm is None:
+        return 0
+    cid = getattr(comm, "_torch_op_id", None)
+    if cid is None:
+        cid = comm._torch_op_id = next(_comm_ids)
+        _comms[cid] = comm
+    return cid
+
+
+def _comm(cid):
+    if cid == 0:
+        return None
+    comm = _comms.get(cid)
+    if comm is None:
+        raise C.UsageError(C.INVALID_USAGE, "ringattn: the op's comm (%d) no longer exists" % cid)
+    return comm
+
+
+def clear_cache():
+    """Destroys the cached plans (each rank must clear at the same point of its calls)."""
+    with _cache_lock:
+        plans = list(_plans.values())
+        _plans.clear()
+    for p in plans:
+        p.close()
+
+
+def _bad(message):
+    return C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn.torch: " + message)
+
+
+def _host_ints(t, what):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        raise _bad("%s must be a 1-D int32 or int64 tensor" % what)
+    return tuple(int(x) for x in t.detach().cpu().tolist())
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise _bad("%s must be [tokens, heads, dim], got shape %s" % (name, tuple(t.shape)))
+        if t.dtype not in _DTYPES:
+            raise _bad("%s has dtype %s; ringattn takes float32, float16 or bfloat16" % (name, t.dtype))
+        if t.shape[2] > 1 and t.stride(2) != 1:
+            raise _bad("%s's last dim must be contiguous (its stride is %d)" % (name, t.stride(2)))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise _bad("q, k and v must have one dtype, got %s, %s, %s" % (q.dtype, k.dtype, v.dtype))
+    if not (q.device == k.device == v.device):
+        raise _bad("q, k and v must be on one device, got %s, %s, %s" % (q.device, k.device, v.device))
+    if k.shape[0] != v.shape[0] or k.shape[1] != v.shape[1]:
+        raise _bad("k %s and v %s must have the same tokens and heads" % (tuple(k.shape), tuple(v.shape)))
+
+
+def _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal, window_left,
+              window_right, softcap, scale, keep_k, layout, comm_id):
+    _check_inputs(q, k, v)
+    cu = _host_ints(cu_seqlens, "cu_seqlens")
+    cu_k = _host_ints(cu_seqlens_k, "cu_seqlens_k")
+    slopes = (None if alibi_slopes is None
+              else tuple(float(x) for x in alibi_slopes.detach().float().cpu().reshape(-1)))
+    bias_heads = 0 if key_bias is None else int(key_bias.shape[0])
+    if not 0 <= layout < len(_LAYOUTS):
+        raise _bad("layout must be one of %s" % (_LAYOUTS,))
+    device = q.device
+    if device.type not in ("cpu", "cuda"):
+        raise _bad("tensors on %s: ringattn runs on the CPU and on CUDA devices" % device)
+    key = (comm_id, str(device), q.dtype, q.shape[1], k.shape[1], q.shape[2], v.shape[2], cu, cu_k,
+           slopes, bias_heads, bool(causal), window_left, window_right, float(softcap),
+           float(scale), keep_k, layout)
+    with _cache_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+    if plan is None:
+        cuda = device.type == "cuda"
+        plan = Plan(cu, q.shape[1], q.shape[2], num_kv_heads=k.shape[1], head_dim_v=v.shape[2],
+                    dtype=_DTYPES[q.dtype], layout=_LAYOUTS[layout], cu_seqlens_k=cu_k,
+                    causal=causal, window=(window_left, window_right), scale=scale,
+                    softcap=softcap, alibi_slopes=slopes, key_bias_heads=bias_heads,
+                    keep_k=keep_k, backend="cuda" if cuda else "cpu",
+                    device=(device.index if device.index is not None else
+                            torch.cuda.current_device()) if cuda else -1,
+                    comm=_comm(comm_id))
+        with _cache_lock:
+            _plans[key] = plan
+            while len(_plans) > _PLAN_CACHE_SIZE:
+                _plans.popitem(last=False)[1].close()
+    want = plan.expected_shapes()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if tuple(t.shape) != want[name]:
+            raise _bad("%s has shape %s; this rank's plan for cu_seqlens %s holds %s" %
+                       (name, tuple(t.shape), list(cu), want[name]))
+    if key_bias is not None:
+        if (key_bias.dtype != torch.float32 or tuple(key_bias.shape) != want["key_bias"] or
+                not key_bias.is_contiguous() or key_bias.device != device):
+            raise _bad("key_bias must be a contiguous float32 tensor of shape %s on %s" %
+                       (want["key_bias"], device))
+    return plan
+
+
+def _t(x):
+    return C.Tensor(x.data_ptr(), x.stride(0), x.stride(1))
+
+
+def _stream(t):
+    return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else None
+
+
+@torch.library.custom_op("ringattn::forward", mutates_args=())
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+             cu_seqlens_k: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+             key_bias: Optional[torch.Tensor], causal: bool, window_left: int, window_right: int,
+             softcap: float, scale: float, keep_k: int, layout: int,
+             comm_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    plan = _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
+                     window_left, window_right, softcap, scale, keep_k, layout, comm_id)
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    t = C.Tensors(q=_t(q), k=_t(k), v=_t(v), o=_t(out), lse=lse.data_ptr())
+    if key_bias is not None:
+        t.key_bias = key_bias.data_ptr()
+    plan.forward_raw(t, _stream(q))
+    return out, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
+                  window_left, window_right, softcap, scale, keep_k, layout, comm_id):
+    _check_inputs(q, k, v)
+    return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("ringattn::backward", mutates_args=())
+def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+              cu_seqlens_k: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+              key_bias: Optional[torch.Tensor], causal: bool, window_left: int,
+              window_right: int, softcap: float, scale: float, keep_k: int, layout: int,
+              comm_id: int, want_dbias: bool) -> List[torch.Tensor]:
+    plan = _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
+                     window_left, window_right, softcap, scale, keep_k, layout, comm_id)
+    if dout.shape[2] > 1 and dout.stride(2) != 1:
+        dout = dout.contiguous()  # autograd's gradients may come in any layout
+    lse = lse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    t = C.Tensors(q=_t(q), k=_t(k), v=_t(v), o=_t(out), lse=lse.data_ptr(), dout=_t(dout),
+                  dq=_t(dq), dk=_t(dk), dv=_t(dv))
+    dbias = q.new_empty((0,), dtype=torch.float32)
+    if key_bias is not None:
+        t.key_bias = key_bias.data_ptr()
+        if want_dbias:
+            dbias = torch.empty_like(key_bias)
+            t.dbias = dbias.data_ptr()
+    plan.backward_raw(t, _stream(q))
+    return [dq, dk, dv, dbias]
+
+
+@_backward.register_fake
+def _backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias,
+                   causal, window_left, window_right, softcap, scale, keep_k, layout, comm_id,
+                   want_dbias):
+    dbias = (torch.empty_like(key_bias) if key_bias is not None and want_dbias
+             else q.new_empty((0,), dtype=torch.float32))
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias]
+
+
+_MASK_ARGS = ("cu_seqlens", "cu_seqlens_k", "alibi_slopes", "key_bias", "causal", "window_left",
+              "window_right", "softcap", "scale", "keep_k", "layout", "comm_id")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.mask = inputs[3:]
+    ctx.want_dbias = inputs[6] is not None and ctx.needs_input_grad[6]
+    ctx.save_for_backward(q, k, v, out, lse)
+    # lse carries no gradient (requires_grad False), so a loss through it cannot get a silent
+    # zero: autograd says so where it is used
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _autograd_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, *ctx.mask, ctx.want_dbias)
+    grads = [dq, dk, dv] + [None] * len(_MASK_ARGS)
+    if ctx.want_dbias:
+        grads[6] = dbias
+    return tuple(grads)
+
+
+torch.library.register_autograd("ringattn::forward", _autograd_backward,
+                                setup_context=_setup_context)
+
+
+def attention(q, k, v, cu_seqlens, *, cu_seqlens_k=None, causal=False, window=(-1, -1),
+              softcap=0.0, alibi_slopes=None, scale=None, key_bias=None, keep_k=0,
+              layout="contiguous", comm=None):
+    """Attention of this rank's queries over every key of their sequences (module docstring).
+
+    window = (left, right) keys before and after each query's position, -1 unbounded (causal
+    sets right = 0); softcap 0 is off; scale None is 1/sqrt(D); key_bias [heads, T_local_k]
+    float32 (SPEC 6's dynamic mask bias, differentiable) with keep_k its top-k selection.
+    """
+    if layout not in _LAYOUTS:
+        raise _bad("layout must be one of %s, got %r" % (_LAYOUTS, layout))
+    if not isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = torch.tensor(list(cu_seqlens), dtype=torch.int32)
+    if cu_seqlens_k is not None and not isinstance(cu_seqlens_k, torch.Tensor):
+        cu_seqlens_k = torch.tensor(list(cu_seqlens_k), dtype=torch.int32)
+    if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
+        alibi_slopes = torch.tensor(list(alibi_slopes), dtype=torch.float32)
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return _forward(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, bool(causal),
+                    left, right, float(softcap), 0.0 if scale is None else float(scale),
+                    int(keep_k), _LAYOUTS.index(layout), _comm_id(comm))
+
+
+class ShardPlan:
+    """Which rows of a global packed batch this rank holds under a layout (SPEC 8)."""
+
+    def __init__(self, cu_seqlens, layout, comm):
+        cu = _host_ints(cu_seqlens, "cu_seqlens") if isinstance(cu_seqlens, torch.Tensor) \
+            else tuple(int(x) for x in cu_seqlens)
+        p = Plan(cu, 1, 1, layout=layout, comm=comm)  # collective; the token map is all we keep
+        self.cu_seqlens, self.layout, self.comm = cu, layout, comm
+        self.num_tokens = p.num_tokens
+        self.index = torch.from_numpy(p.local_tokens().astype("int64"))
+        self.positions = torch.from_numpy(p.positions())
+        p.close()
+
+    def __repr__(self):
+        return "ShardPlan(%d of %d tokens, layout=%s)" % (self.index.numel(), self.num_tokens,
+                                                           self.layout)
+
+
+def plan(cu_seqlens, *, layout="contiguous", comm=None):
+    """This rank's token layout for a global batch (collective over comm)."""
+    return ShardPlan(cu_seqlens, layout, comm)
+
+
+def shard(x, plan, dim=0):
+    """This rank's rows (along dim) of a global tensor, in local row order; differentiable."""
+    if x.shape[dim] != plan.num_tokens:
+        raise _bad("shard: dim %d has %d rows, the batch %d" % (dim, x.shape[dim], plan.num_tokens))
+    return x.index_select(dim, plan.index.to(x.device))
+
+
+def unshard(x, plan, dim=0):
+    """A global tensor with this rank's rows in their places and zeros elsewhere; summed over
+    the ranks (an all-reduce) it is the whole tensor. Differentiable."""
+    if x.shape[dim] != plan.index.numel():
+        raise _bad("unshard: dim %d has %d rows, this rank holds %d" %
+                   (dim, x.shape[dim], plan.index.numel()))
+    shape = list(x.shape)
+    shape[dim] = plan.num_tokens
+    return x.new_zeros(shape).index_copy(dim, plan.index.to(x.device), x)
+
+
+def positions(plan):
+    """Each local row's position within its own sequence (LongTensor), for RoPE."""
+    return plan.positions.clone()
