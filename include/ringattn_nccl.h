@@ -31,6 +31,11 @@ RINGATTN_API ringattn_status_t ringattn_comm_create_nccl(ncclComm_t comm, ringat
 /* Collective over nranks callers with the same id (from ncclGetUniqueId on one of them, passed
    by any means): ringattn's own non-blocking communicator on `device` (-1: the current one),
    destroyed with the comm and aborted when it fails. */
+/* ncclGetUniqueId of the NCCL this library runs on, for callers that pass the id by their own
+   means (the Python package broadcasts it over a torch.distributed group) and so need not load
+   a second NCCL, whose id another version may not accept. The caller's process becomes the id's
+   bootstrap root: it must be one of the ranks. */
+RINGATTN_API ringattn_status_t ringattn_nccl_get_unique_id(ncclUniqueId *id);
 RINGATTN_API ringattn_status_t ringattn_comm_create_nccl_id(const ncclUniqueId *id, int nranks,
                                                             int rank, int device,
                                                             ringattn_comm_t *out);

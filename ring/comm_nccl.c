@@ -1,6 +1,7 @@
 /*
  * ringattn_comm_create_nccl / _nccl_id (include/ringattn_nccl.h): the NCCL transport
- * (comm/nccl.c) with the CUDA backend's device operations. Builds with RINGATTN_HAVE_NCCL only.
+ * (comm/nccl.c) with the CUDA backend's device operations, and the unique id made by the same
+ * NCCL that joins it. Builds with RINGATTN_HAVE_NCCL only.
  */
 #include "ringattn_nccl.h"
 
@@ -14,6 +15,18 @@ ringattn_status_t ringattn_comm_create_nccl(ncclComm_t comm, ringattn_comm_t *ou
     RA_CHECK(comm != NULL && out != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: comm/out: got NULL, expected a NCCL communicator and a handle to fill", fn);
     RA_TRY(ra__comm_create_nccl(fn, comm, 0, ra__cuda_backend.device_ops, out));
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_nccl_get_unique_id(ncclUniqueId *id)
+{
+    static const char fn[] = "ringattn_nccl_get_unique_id";
+    RA_CHECK(id != NULL, RINGATTN_ERR_INVALID_ARGUMENT, "%s: id: got NULL", fn);
+    ncclUniqueId made;
+    const ncclResult_t r = ncclGetUniqueId(&made);
+    RA_CHECK(r == ncclSuccess, RINGATTN_ERR_COMM, "%s: %s", fn, ncclGetErrorString(r));
+    *id = made;
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

@@ -1,0 +1,141 @@
+"""ringattn communicators over torch.distributed groups.
+
+from_torch(group, device):
+- CUDA tensors (device a CUDA device, or the group's backend NCCL): ringattn's own NCCL
+  communicator, joined with a unique id that the group's rank 0 makes with the library's own
+  NCCL (ringattn_nccl_get_unique_id) and broadcasts over the group. The library must be built
+  with CUDA and NCCL.
+- CPU tensors (gloo, or any backend with isend/irecv and all_reduce): the public custom
+  transport (include/ringattn_transport.h) implemented here over torch.distributed. The library
+  calls it on the thread that called it (plan creation, forward, backward), so the callbacks run
+  with the GIL taken by ctypes while the calling thread waits in C.
+"""
+import ctypes
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import _capi as C
+from .core import Comm
+
+_log = logging.getLogger("ringattn")
+_OPS = {C.REDUCE_MIN: dist.ReduceOp.MIN, C.REDUCE_MAX: dist.ReduceOp.MAX,
+        C.REDUCE_SUM: dist.ReduceOp.SUM}
+
+
+def _byte_view(address, nbytes):
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+
+
+class TorchTransport:
+    """The custom transport's callbacks over torch.distributed point-to-point and all_reduce."""
+
+    def __init__(self, group):
+        self.group = group
+        self.requests = {}
+        self.next_request = 1
+        self.last_exception = None
+        self.struct = C.Transport(
+            struct_size=ctypes.sizeof(C.Transport),
+            sendrecv_start=C.SENDRECV_START(self._guard(self._sendrecv_start)),
+            test=C.TEST(self._guard(self._test)), wait=C.WAIT(self._guard(self._wait)),
+            allreduce=C.ALLREDUCE(self._guard(self._allreduce)), release=C.RELEASE(0))
+
+    def _guard(self, fn):
+        # an exception must not cross into C: it becomes a nonzero code (RINGATTN_ERR_COMM)
+        def callback(*args):
+            try:
+                fn(*args)
+                return 0
+            except Exception as exc:  # noqa: BLE001 - reported, then the call fails in C
+                self.last_exception = exc
+                _log.error("ringattn: torch.distributed transport: %s: %r", fn.__name__, exc)
+                return 1
+        return callback
+
+    def _global(self, peer):
+        return dist.get_global_rank(self.group, peer) if self.group is not None else peer
+
+    def _sendrecv_start(self, user, sends, num_sends, recvs, num_recvs, tag, request):
+        works = []
+        for i in range(num_recvs):
+            m = recvs[i]
+            if m.bytes:
+                works.append(dist.irecv(_byte_view(m.buf, m.bytes), src=self._global(m.peer),
+                                        group=self.group, tag=tag + i))
+        for i in range(num_sends):
+            m = sends[i]
+            if m.bytes:
+                works.append(dist.isend(_byte_view(m.buf, m.bytes), dst=self._global(m.peer),
+                                        group=self.group, tag=tag + i))
+        rid = self.next_request
+        self.next_request += 1
+        self.requests[rid] = works
+        request[0] = rid
+
+    def _finish(self, rid, done):
+        works = self.requests[rid]
+        if all(w.is_completed() for w in works):
+            for w in works:
+                w.wait()  # raises the work's error, if any
+            del self.requests[rid]
+            done[0] = 1
+        else:
+            done[0] = 0
+
+    def _test(self, user, request, done):
+        self._finish(request, done)
+
+    def _wait(self, user, request, timeout_s, done):
+        end = time.monotonic() + timeout_s
+        self._finish(request, done)
+        while not done[0] and time.monotonic() < end:
+            time.sleep(5e-5)
+            self._finish(request, done)
+
+    def _allreduce(self, user, vals, n, op):
+        t = torch.tensor([vals[i] for i in range(n)], dtype=torch.int64)
+        dist.all_reduce(t, op=_OPS[op], group=self.group)
+        for i, x in enumerate(t.tolist()):
+            vals[i] = x
+
+
+def from_torch(group=None, device=None):
+    """A Comm over the ranks of a torch.distributed group (None: the default group), in the
+    group's rank order. Collective over the group."""
+    if not dist.is_initialized():
+        raise C.UsageError(C.INVALID_USAGE, "ringattn: Comm.from_torch needs "
+                           "torch.distributed.init_process_group first")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    device = None if device is None else torch.device(device)
+    cuda = (device is not None and device.type == "cuda") or (
+        device is None and dist.get_backend(group) == "nccl")
+    if cuda:
+        return _nccl(group, rank, size, device)
+    if not C.has("ringattn_comm_create_custom"):
+        raise C.UnsupportedError(C.UNSUPPORTED, "ringattn: this libringattn has no custom "
+                                 "transport (ringattn_comm_create_custom)")
+    transport = TorchTransport(group)
+    out = ctypes.c_void_p()
+    C.call("ringattn_comm_create_custom", ctypes.byref(transport.struct), rank, size,
+           ctypes.byref(out))
+    return Comm(out.value, keepalive=transport)
+
+
+def _nccl(group, rank, size, device):
+    if not (C.has("ringattn_nccl_get_unique_id") and C.has("ringattn_comm_create_nccl_id")):
+        raise C.UnsupportedError(C.UNSUPPORTED, "ringattn: this libringattn has no NCCL transport "
+                                 "(pip install ./python -Ccmake.define.RINGATTN_ENABLE_CUDA=ON)")
+    ident = [None]
+    if rank == 0:
+        buf = ctypes.create_string_buffer(128)
+        C.call("ringattn_nccl_get_unique_id", buf)
+        ident[0] = buf.raw
+    dist.broadcast_object_list(ident, src=dist.get_global_rank(group, 0) if group else 0,
+                               group=group)
+    index = -1 if device is None or device.index is None else device.index
+    out = ctypes.c_void_p()
+    C.call("ringattn_comm_create_nccl_id", ident[0], size, rank, index, ctypes.byref(out))
+    return Comm(out.value)
