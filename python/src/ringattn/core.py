@@ -6,6 +6,7 @@ last dim (SPEC 8's local rows: plan.local_tokens()). The C API cannot see a buff
 every array's shape and dtype is checked here against the plan before anything is written.
 """
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -24,6 +25,7 @@ class Comm:
     def __init__(self, handle, keepalive=None):
         self._handle = ctypes.c_void_p(handle)
         self._keepalive = keepalive  # what the C comm calls back into (custom transports)
+        self._plans = weakref.WeakSet()  # closed before the comm, which they use
         rank, size = ctypes.c_int(), ctypes.c_int()
         C.call("ringattn_comm_rank", self._handle, ctypes.byref(rank), ctypes.byref(size))
         self.rank, self.size = rank.value, size.value
@@ -35,7 +37,10 @@ class Comm:
         return self._handle
 
     def close(self):
+        """Destroys the comm, and first every plan still open on it."""
         if self._handle:
+            for plan in list(self._plans):
+                plan.close()
             handle, self._handle = self._handle, ctypes.c_void_p()
             C.call("ringattn_comm_destroy", handle)
 
@@ -137,6 +142,8 @@ class Plan:
         C.call("ringattn_plan_create", None if comm is None else comm.handle, ctypes.byref(desc),
                ctypes.byref(handle))
         self._handle = handle
+        if comm is not None:
+            comm._plans.add(self)
         count = ctypes.c_int64()
         C.call("ringattn_plan_local_tokens", handle, ctypes.byref(count), None)
         index = np.empty(count.value, dtype=np.int32)

@@ -115,6 +115,9 @@ def _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
            float(scale), keep_k, layout)
     with _cache_lock:
         plan = _plans.get(key)
+        if plan is not None and not plan._handle:  # closed with its comm
+            del _plans[key]
+            plan = None
         if plan is not None:
             _plans.move_to_end(key)
     if plan is None:
