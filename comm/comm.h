@@ -1,6 +1,7 @@
 /*
  * The transport table: one per transport (threads.c: ranks as threads of one process; mpi.c:
- * MPI ranks). MPI calls live only in comm/. Internal.
+ * MPI ranks; nccl.c: NCCL; custom.c: the caller's callbacks). MPI calls live only in comm/.
+ * Internal.
  *
  * Two planes. The control plane moves small host values and blocks: the agreements on a
  * descriptor or a call, allreduce, allgather (the key bias). The data plane moves shards:
@@ -114,6 +115,12 @@ struct ra_device_ops;
 ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks,
                                           const struct ra_device_ops *dev, int device,
                                           ringattn_comm_t *comms);
+
+/* A comm over the caller's transport table (comm/custom.c; arguments checked by
+   ring/comm_custom.c): the table is copied. */
+struct ringattn_transport;
+ringattn_status_t ra__comm_create_custom(const char *fn, const struct ringattn_transport *transport,
+                                         int rank, int size, ringattn_comm_t *comm);
 
 /* Seconds without progress before a wait is an error (RINGATTN_COMM_TIMEOUT, default 60). */
 double ra__comm_timeout_s(void);
