@@ -148,6 +148,7 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     }
     st = ringattn_forward(plan, &t, stream);
     if (st == RINGATTN_SUCCESS) st = ringattn_backward(plan, &t, stream);
+    if (opt.after_calls) opt.after_calls(rank);
     ringattn_plan_destroy(plan);
     if (st == RINGATTN_SUCCESS) { // downloads wait for the device
         for (Local *x : {&o, &dq, &dk, &dv}) x->dev.download();
@@ -180,23 +181,18 @@ ratest::Dense dense(const std::vector<float> &v, int64_t T, int heads, int dim)
     return d;
 }
 
-// Each rank a thread on its own communicator from one unique id.
-Result &run_nccl(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt,
-                 Result &res)
+using MakeComm = std::function<ringattn_status_t(int, int, ringattn_comm_t *)>;
+
+// Each rank a thread on a comm of its own, made and destroyed there.
+Result &run_own_comms(const Problem &pb, int ranks, ringattn_layout_t layout,
+                      const RunOptions &opt, const MakeComm &make, Result &res)
 {
-    const NcclEntry nccl = nccl_entry();
-    if (!nccl) {
-        res.status = RINGATTN_ERR_UNSUPPORTED;
-        return res;
-    }
-    unsigned char id[128];
-    REQUIRE(nccl.get_id(id) == 0);
     Shared sh{{}, res};
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
         threads.emplace_back([&, r] {
             ringattn_comm_t comm = nullptr;
-            const ringattn_status_t st = nccl.create(id, ranks, r, -1, &comm);
+            const ringattn_status_t st = make(r, ranks, &comm);
             if (st != RINGATTN_SUCCESS) return sh.fail(r, st);
             rank_work(pb, comm, r, layout, opt, sh);
             ringattn_comm_destroy(comm);
@@ -273,7 +269,19 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
         rank_work(pb, nullptr, 0, layout, opt, sh);
         return res;
     }
-    if (opt.nccl) return run_nccl(pb, ranks, layout, opt, res);
+    if (opt.nccl) { // each rank on its own communicator from one unique id
+        const NcclEntry nccl = nccl_entry();
+        if (!nccl) {
+            res.status = RINGATTN_ERR_UNSUPPORTED;
+            return res;
+        }
+        unsigned char id[128];
+        REQUIRE(nccl.get_id(id) == 0);
+        return run_own_comms(pb, ranks, layout, opt, [&](int r, int n, ringattn_comm_t *comm) {
+            return nccl.create(id, n, r, -1, comm);
+        }, res);
+    }
+    if (opt.make_comm) return run_own_comms(pb, ranks, layout, opt, opt.make_comm, res);
     std::vector<ringattn_comm_t> comms((size_t)ranks);
     // a device backend's ring moves device memory: the device-copy threads transport
     res.status = ratest::device_memory().is_host()

@@ -25,6 +25,11 @@ struct RunOptions {
     // on a communicator of its own from one unique id (the library must bring NCCL: the
     // emulated one brings the fake).
     bool nccl = false;
+    // Otherwise, when set, each rank's thread makes its own comm, make_comm(rank, ranks, &comm),
+    // and destroys it after its calls (a transport of the test's); unset: the threads transport.
+    std::function<ringattn_status_t(int, int, ringattn_comm_t *)> make_comm;
+    // Called on each rank's thread after its calls, before its plan is destroyed.
+    std::function<void(int)> after_calls;
     // This rank makes its plan and leaves without a call (the others' calls must fail).
     int leave_rank = -1;
     // A device backend: every rank first calls ringattn_forward on its stream while the stream
