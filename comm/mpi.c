@@ -236,15 +236,27 @@ static int comm_make(MPI_Comm mpi_comm, struct ringattn_comm *c, mpi_impl *impl)
     return rc;
 }
 
+ringattn_status_t ra__mpi_check_running(const char *fn)
+{
+    int init = 0, finalized = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&finalized);
+    RA_CHECK(init && !finalized, RINGATTN_ERR_INVALID_USAGE,
+             "%s: MPI: %s, expected it between MPI_Init and MPI_Finalize", fn,
+             init ? "finalised" : "not initialised");
+    return RINGATTN_SUCCESS;
+}
+
 ringattn_status_t ringattn_comm_create_mpi(MPI_Comm mpi_comm, ringattn_comm_t *comm)
 {
-    static const char fn[] = "ringattn_comm_create_mpi";
+    return ra__comm_create_mpi("ringattn_comm_create_mpi", mpi_comm, comm);
+}
+
+ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringattn_comm_t *comm)
+{
     RA_CHECK(comm != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: comm: got NULL, expected a pointer to receive the communicator", fn);
-    int init = 0;
-    MPI_Initialized(&init);
-    RA_CHECK(init, RINGATTN_ERR_INVALID_USAGE, "%s: MPI: not initialised, expected MPI_Init first",
-             fn);
+    RA_TRY(ra__mpi_check_running(fn));
     RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: mpi_comm: got MPI_COMM_NULL, expected a communicator", fn);
     struct ringattn_comm *c = calloc(1, sizeof *c);

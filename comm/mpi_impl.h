@@ -35,6 +35,12 @@ static inline MPI_Comm ra__mpi_comm_of(ringattn_comm_t c)
     return ((mpi_impl *)c->impl)->comm;
 }
 
+/* The MPI transport's comm over a duplicate of mpi_comm, fn naming the public entry point
+   (ringattn_comm_create_mpi, ringattn_comm_create_mpi_fortran). */
+ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringattn_comm_t *comm);
+/* RINGATTN_ERR_INVALID_USAGE unless MPI is initialised and not yet finalised. */
+ringattn_status_t ra__mpi_check_running(const char *fn);
+
 /* RINGATTN_ERR_COMM with MPI's own message. */
 ringattn_status_t ra__mpi_error(ringattn_comm_t c, const char *what, int rc);
 

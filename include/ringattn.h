@@ -171,6 +171,19 @@ RINGATTN_API ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringa
 RINGATTN_API ringattn_status_t ringattn_comm_create_threads_device(int num_ranks, int device,
                                                                    ringattn_comm_t *comms);
 /*
+ * The MPI transport (include/ringattn_mpi.h) from a Fortran communicator handle, for callers
+ * without mpi.h (Python through ctypes: mpi4py's comm.py2f()): the same as
+ * ringattn_comm_create_mpi(MPI_Comm_f2c(fortran_comm), comm), collective over that communicator.
+ * The handle must come from the MPI this library was built with (mpi4py built against it).
+ * RINGATTN_ERR_INVALID_ARGUMENT for a value outside int range, MPI_COMM_NULL or one the MPI knows
+ * names no communicator (Open MPI can tell; an MPI whose C handles are the values themselves
+ * cannot, and fails as for any invalid handle); RINGATTN_ERR_INVALID_USAGE before MPI_Init or
+ * after MPI_Finalize; RINGATTN_ERR_UNSUPPORTED in builds without MPI. Nothing written on failure.
+ * A transport of the caller's (torch.distributed, say): include/ringattn_transport.h.
+ */
+RINGATTN_API ringattn_status_t ringattn_comm_create_mpi_fortran(int64_t fortran_comm,
+                                                                ringattn_comm_t *comm);
+/*
  * Failure semantics of collective calls (plan creation, forward, backward; docs/DESIGN.md,
  * "Failure semantics"). A call never returns success on one rank while it failed on another,
  * and never pairs with another call of a peer.

@@ -25,6 +25,7 @@ target_compile_options(ringattn_emu PRIVATE
 target_link_libraries(ringattn_emu PRIVATE OpenMP::OpenMP_C BLAS::BLAS Threads::Threads m)
 if(RINGATTN_ENABLE_MPI)
   target_link_libraries(ringattn_emu PRIVATE MPI::MPI_C)
+  target_compile_definitions(ringattn_emu PRIVATE RINGATTN_HAVE_MPI)
 endif()
 set_target_properties(ringattn_emu PROPERTIES OUTPUT_NAME ringattn C_VISIBILITY_PRESET hidden
   SOVERSION ${PROJECT_VERSION_MAJOR} VERSION ${PROJECT_VERSION}

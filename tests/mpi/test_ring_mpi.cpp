@@ -2,7 +2,9 @@
 // into the global result (an allreduce of exact zeros elsewhere) and judged, on every rank,
 // against the float64 oracle under SPEC 9, for every layout and mask of the catalogue; a
 // sub-communicator; a descriptor mismatch failing on every rank within seconds; dynamic masks
-// (SPEC 6: key bias of 1, H_kv or H heads, global top-k) the same way.
+// (SPEC 6: key bias of 1, H_kv or H heads, global top-k) the same way; a comm from a Fortran
+// handle (ringattn_comm_create_mpi_fortran) bitwise equal to one from the MPI_Comm, bad handles
+// refused.
 //
 // RATEST_DIGEST=<prefix> (tests/multinode): every rank also writes one line per ring run, with
 // FNV-1a 64 hashes of the outputs it produced itself, to <prefix>.<world rank>, so that a run
@@ -15,6 +17,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "ring/ring_check.hpp"
@@ -68,13 +71,15 @@ void write_digest(const Result &r)
     std::fflush(out);
 }
 
-// The ring result over `comm`, gathered on every rank of it.
+// The ring result over `comm`, gathered on every rank of it (fortran: the comm made from its
+// Fortran handle).
 Result ring_over(MPI_Comm mpi, const Problem &pb, ringattn_layout_t layout,
-                 const RunOptions &opt = RunOptions())
+                 const RunOptions &opt = RunOptions(), bool fortran = false)
 {
     ringattn_comm_t comm = nullptr;
     Result r;
-    r.status = ringattn_comm_create_mpi(mpi, &comm);
+    r.status = fortran ? ringattn_comm_create_mpi_fortran(MPI_Comm_c2f(mpi), &comm)
+                       : ringattn_comm_create_mpi(mpi, &comm);
     if (r.status != RINGATTN_SUCCESS) return r;
     int rank = 0, size = 0;
     ringattn_comm_rank(comm, &rank, &size);
@@ -220,5 +225,38 @@ TEST_CASE("a keep_k mismatch fails on every MPI rank", "[mpi][dynamic]")
         if (rank == 1) d.keep_k = 2;
     };
     CHECK(ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_CONTIGUOUS, opt).status ==
+          RINGATTN_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("a comm from MPI_Comm_c2f runs the ring of the MPI_Comm; bad handles are refused", "[mpi]")
+{
+    const AttnConfig c = with_bias(ratest::ring_batch({"causal+window", 1, 25, -1}), 2, 5);
+    const Problem pb = ratest::packed_problem(c, 4300);
+    const Result a = ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_ZIGZAG);
+    const Result b = ring_over(MPI_COMM_WORLD, pb, RINGATTN_LAYOUT_ZIGZAG, RunOptions(), true);
+    ringtest::check_result(b, ringtest::judge_of(pb), pb, "from the Fortran handle");
+    ringtest::check_bitwise_same(a, b);
+
+    const auto sentinel = reinterpret_cast<ringattn_comm_t>(0x1);
+    ringattn_comm_t comm = sentinel;
+    struct Bad {
+        int64_t handle;
+        const char *message;
+    };
+    std::vector<Bad> bad = {{MPI_Comm_c2f(MPI_COMM_NULL), "MPI_COMM_NULL"},
+                            {int64_t(1) << 40, "expected a Fortran handle"},
+                            {int64_t(INT32_MIN) - 1, "expected a Fortran handle"}};
+#ifdef OPEN_MPI // its handles index a table: a value past it names no communicator
+    bad.push_back({-1, "names no communicator"});
+    bad.push_back({1 << 30, "names no communicator"});
+#endif
+    for (const Bad &b : bad) {
+        const ringattn_status_t st = ringattn_comm_create_mpi_fortran(b.handle, &comm);
+        INFO("handle " << b.handle << ": " << ringattn_last_error());
+        CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(std::strstr(ringattn_last_error(), b.message) != nullptr);
+        CHECK(comm == sentinel);
+    }
+    CHECK(ringattn_comm_create_mpi_fortran(MPI_Comm_c2f(MPI_COMM_WORLD), nullptr) ==
           RINGATTN_ERR_INVALID_ARGUMENT);
 }

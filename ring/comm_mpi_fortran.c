@@ -1,0 +1,42 @@
+/*
+ * ringattn_comm_create_mpi_fortran (include/ringattn.h): the MPI transport from a Fortran
+ * communicator handle, for callers without mpi.h (Python through ctypes, from mpi4py's
+ * comm.py2f()): a Fortran handle is a plain int, whatever the MPI's C handle type is. In every
+ * build; without MPI it is RINGATTN_ERR_UNSUPPORTED, so that one binding serves every build.
+ */
+#include "ringattn.h"
+
+#include <limits.h>
+
+#include "base/error.h"
+
+#ifdef RINGATTN_HAVE_MPI
+#include "comm/mpi_impl.h"
+
+ringattn_status_t ringattn_comm_create_mpi_fortran(int64_t fortran_comm, ringattn_comm_t *comm)
+{
+    static const char fn[] = "ringattn_comm_create_mpi_fortran";
+    RA_CHECK(fortran_comm >= INT_MIN && fortran_comm <= INT_MAX &&
+                 (int64_t)(MPI_Fint)fortran_comm == fortran_comm,
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: fortran_comm: got %lld, expected a Fortran handle (an MPI_Fint, an int)", fn,
+             (long long)fortran_comm);
+    RA_TRY(ra__mpi_check_running(fn)); /* MPI_Comm_f2c needs MPI running */
+    const MPI_Comm mpi_comm = MPI_Comm_f2c((MPI_Fint)fortran_comm);
+    /* Open MPI gives a null pointer for a value that names no communicator (MPICH's handles
+       are the values themselves: it cannot tell here) */
+    RA_CHECK(mpi_comm != MPI_COMM_NULL && mpi_comm != (MPI_Comm)0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: fortran_comm: got %lld, which is MPI_COMM_NULL or names no communicator; "
+             "expected MPI_Comm_c2f(comm) (mpi4py: comm.py2f()) of a live communicator",
+             fn, (long long)fortran_comm);
+    return ra__comm_create_mpi(fn, mpi_comm, comm);
+}
+#else
+ringattn_status_t ringattn_comm_create_mpi_fortran(int64_t fortran_comm, ringattn_comm_t *comm)
+{
+    (void)fortran_comm, (void)comm;
+    return ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                    "ringattn_comm_create_mpi_fortran: this build has no MPI transport (configure "
+                    "with -DRINGATTN_ENABLE_MPI=ON)");
+}
+#endif
