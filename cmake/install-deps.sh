@@ -20,6 +20,12 @@ for pkg in "${packages[@]}"; do
     missing+=("$pkg")
 done
 
+# The Python tests' virtual environment (cmake/python-env.sh) needs a python3 with venv and
+# ensurepip: any python3 on the PATH that has them counts.
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    missing+=(python3 python3-venv)
+fi
+
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi

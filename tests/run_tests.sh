@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Configure, build and test ringattn from a fresh checkout; works from any directory.
-#   bash tests/run_tests.sh              Release build in build/, then ctest; with nvcc, also the
-#                                        CUDA build in build-cuda/ and its GPU tests
+#   bash tests/run_tests.sh              Release build in build/, then ctest (the Python package's
+#                                        tests among them); with nvcc, also the CUDA build in
+#                                        build-cuda/ and its GPU tests
 #   bash tests/run_tests.sh --sanitize   ASan+UBSan RelWithDebInfo build in build-asan/, then ctest
-# Installs missing apt packages first (cmake/install-deps.sh). Exits with ctest's status.
+#                                        (C and C++ tests only)
+# Installs missing apt packages first (cmake/install-deps.sh), and the Python tests' virtual
+# environment with this checkout's package (cmake/python-env.sh). Exits with ctest's status.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +34,10 @@ if [[ $sanitize -eq 1 ]]; then
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 else
     build=build
-    cmake -S . -B "$build" "${parts[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_SANITIZE=OFF
+    # the Python tests run the package as a user installs it (pip install ./python)
+    python_bin="$(bash cmake/python-env.sh | tail -n 1)"
+    cmake -S . -B "$build" "${parts[@]}" -DCMAKE_BUILD_TYPE=Release -DRINGATTN_SANITIZE=OFF \
+        -DRINGATTN_PYTHON_TESTS="$python_bin"
 fi
 cmake --build "$build" -j "$jobs"
 

@@ -8,11 +8,14 @@ from_torch(group, device):
 - CPU tensors (gloo, or any backend with isend/irecv and all_reduce): the public custom
   transport (include/ringattn_transport.h) implemented here over torch.distributed. The library
   calls it on the thread that called it (plan creation, forward, backward), so the callbacks run
-  with the GIL taken by ctypes while the calling thread waits in C.
+  with the GIL taken by ctypes while the calling thread waits in C. The control plane's
+  all_reduce has no deadline of the library's: it is bounded by the group's own timeout
+  (init_process_group(timeout=...)), which should be near RINGATTN_COMM_TIMEOUT.
 """
 import ctypes
 import logging
-import time
+import queue
+import threading
 
 import torch
 import torch.distributed as dist
@@ -30,18 +33,30 @@ def _byte_view(address, nbytes):
 
 
 class TorchTransport:
-    """The custom transport's callbacks over torch.distributed point-to-point and all_reduce."""
+    """The custom transport's callbacks over torch.distributed point-to-point and all_reduce.
+
+    A posted batch is waited for by one waiter thread of the transport, in posting order: gloo's
+    send works report completion only to wait(), never to is_completed(), so polling them would
+    never see them end. The callbacks themselves run on the thread that called the library
+    (include/ringattn_transport.h) and only look at what the waiter recorded.
+    """
 
     def __init__(self, group):
         self.group = group
-        self.requests = {}
         self.next_request = 1
+        self.finished = {}  # request -> None, or the exception its works raised
+        self.cond = threading.Condition()
+        self.queue = queue.Queue()
+        self.waiter = threading.Thread(target=self._wait_works, name="ringattn-torch-waiter",
+                                       daemon=True)
+        self.waiter.start()
         self.last_exception = None
         self.struct = C.Transport(
             struct_size=ctypes.sizeof(C.Transport),
             sendrecv_start=C.SENDRECV_START(self._guard(self._sendrecv_start)),
             test=C.TEST(self._guard(self._test)), wait=C.WAIT(self._guard(self._wait)),
-            allreduce=C.ALLREDUCE(self._guard(self._allreduce)), release=C.RELEASE(0))
+            allreduce=C.ALLREDUCE(self._guard(self._allreduce)),
+            release=C.RELEASE(self._release))
 
     def _guard(self, fn):
         # an exception must not cross into C: it becomes a nonzero code (RINGATTN_ERR_COMM)
@@ -55,6 +70,24 @@ class TorchTransport:
                 return 1
         return callback
 
+    def _wait_works(self):
+        while True:
+            rid, works = self.queue.get()
+            if rid is None:
+                return
+            error = None
+            for w in works:
+                try:
+                    w.wait()
+                except Exception as exc:  # noqa: BLE001 - handed to test/wait
+                    error = error or exc
+            with self.cond:
+                self.finished[rid] = error
+                self.cond.notify_all()
+
+    def _release(self, user):
+        self.queue.put((None, None))
+
     def _global(self, peer):
         return dist.get_global_rank(self.group, peer) if self.group is not None else peer
 
@@ -62,38 +95,35 @@ class TorchTransport:
         works = []
         for i in range(num_recvs):
             m = recvs[i]
-            if m.bytes:
-                works.append(dist.irecv(_byte_view(m.buf, m.bytes), src=self._global(m.peer),
-                                        group=self.group, tag=tag + i))
+            works.append(dist.irecv(_byte_view(m.buf, m.bytes), src=self._global(m.peer),
+                                    group=self.group, tag=tag + i))
         for i in range(num_sends):
             m = sends[i]
-            if m.bytes:
-                works.append(dist.isend(_byte_view(m.buf, m.bytes), dst=self._global(m.peer),
-                                        group=self.group, tag=tag + i))
+            works.append(dist.isend(_byte_view(m.buf, m.bytes), dst=self._global(m.peer),
+                                    group=self.group, tag=tag + i))
         rid = self.next_request
         self.next_request += 1
-        self.requests[rid] = works
+        self.queue.put((rid, works))
         request[0] = rid
 
-    def _finish(self, rid, done):
-        works = self.requests[rid]
-        if all(w.is_completed() for w in works):
-            for w in works:
-                w.wait()  # raises the work's error, if any
-            del self.requests[rid]
-            done[0] = 1
-        else:
+    def _take(self, rid, done):
+        # lock held: *done = 1 once the waiter finished the request (its error raised here)
+        if rid not in self.finished:
             done[0] = 0
+            return
+        error = self.finished.pop(rid)
+        done[0] = 1
+        if error is not None:
+            raise error
 
     def _test(self, user, request, done):
-        self._finish(request, done)
+        with self.cond:
+            self._take(request, done)
 
     def _wait(self, user, request, timeout_s, done):
-        end = time.monotonic() + timeout_s
-        self._finish(request, done)
-        while not done[0] and time.monotonic() < end:
-            time.sleep(5e-5)
-            self._finish(request, done)
+        with self.cond:
+            self.cond.wait_for(lambda: request in self.finished, timeout=timeout_s)
+            self._take(request, done)
 
     def _allreduce(self, user, vals, n, op):
         t = torch.tensor([vals[i] for i in range(n)], dtype=torch.int64)
