@@ -88,7 +88,8 @@ typedef struct ringattn_transport {
        request is the transport's to release, the library never passes it again. *done is read
        whatever the return code: a request whose transfers have all stopped after an error (a
        cancelled one) may say *done = 1 with its code; *done = 0 with a nonzero code leaves it
-       live, and the library gives it up (it tests it again later, see Failures). */
+       live, and the library gives it up (it tests it again later, see Failures). The CPU
+       kernels call it between their tiles while a ring step computes: keep it cheap. */
     int (*test)(void *user, void *request, int *done);
     /* Blocks up to timeout_s seconds; *done as for test. Running out of time is not an error:
        return 0 with *done = 0. The library calls it in short slices, round robin over the
