@@ -9,13 +9,14 @@ from_torch(group, device):
   transport (include/ringattn_transport.h) implemented here over torch.distributed. The library
   calls it on the thread that called it (plan creation, forward, backward), so the callbacks run
   with the GIL taken by ctypes while the calling thread waits in C. The control plane's
-  all_reduce has no deadline of the library's: it is bounded by the group's own timeout
-  (init_process_group(timeout=...)), which should be near RINGATTN_COMM_TIMEOUT.
+  all_reduce, which the library cannot bound, waits at most RINGATTN_COMM_TIMEOUT seconds.
 """
 import ctypes
 import logging
+import os
 import queue
 import threading
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,13 @@ from .core import Comm
 _log = logging.getLogger("ringattn")
 _OPS = {C.REDUCE_MIN: dist.ReduceOp.MIN, C.REDUCE_MAX: dist.ReduceOp.MAX,
         C.REDUCE_SUM: dist.ReduceOp.SUM}
+
+
+def _timeout_s():
+    try:
+        return max(1.0, float(os.environ.get("RINGATTN_COMM_TIMEOUT", "60")))
+    except ValueError:
+        return 60.0
 
 
 def _byte_view(address, nbytes):
@@ -126,8 +134,11 @@ class TorchTransport:
             self._take(request, done)
 
     def _allreduce(self, user, vals, n, op):
+        # bounded by RINGATTN_COMM_TIMEOUT, as the header asks: a failed peer that skipped the
+        # closing agreement must not keep this rank in it for the group's own timeout
         t = torch.tensor([vals[i] for i in range(n)], dtype=torch.int64)
-        dist.all_reduce(t, op=_OPS[op], group=self.group)
+        work = dist.all_reduce(t, op=_OPS[op], group=self.group, async_op=True)
+        work.wait(timeout=timedelta(seconds=_timeout_s()))
         for i, x in enumerate(t.tolist()):
             vals[i] = x
 
