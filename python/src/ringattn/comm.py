@@ -89,12 +89,16 @@ class TorchTransport:
                     w.wait()
                 except Exception as exc:  # noqa: BLE001 - handed to test/wait
                     error = error or exc
+            # drop the works now: a work kept alive by this thread's frame past
+            # destroy_process_group outlives its process group and aborts the interpreter's exit
+            works = w = None
             with self.cond:
                 self.finished[rid] = error
                 self.cond.notify_all()
 
     def _release(self, user):
         self.queue.put((None, None))
+        self.waiter.join()
 
     def _global(self, peer):
         return dist.get_global_rank(self.group, peer) if self.group is not None else peer
