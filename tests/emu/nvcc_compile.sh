@@ -23,13 +23,15 @@ template __global__ void ra_fwd_tile_kernel<64, 128>(ra_fwd_tile_args);
 template __global__ void ra_fwd_tile_kernel<128, 64>(ra_fwd_tile_args);
 CU
 for arch in sm_80 sm_90; do
+    # one compilation per arch: -keep leaves its PTX (in keep_$arch/) for the grep below
+    mkdir -p "$work/keep_$arch"
     nvcc -std=c++17 -arch="$arch" -I"$src" -I"$src/include" -Xptxas -v -c "$work/emu_test_kernels.cu" \
-         -o "$work/emu_test_kernels_$arch.o" 2> "$work/ptxas_$arch.txt"
+         -o "$work/emu_test_kernels_$arch.o" -keep -keep-dir "$work/keep_$arch" 2> "$work/ptxas_$arch.txt"
     if grep -q "bytes spill stores" "$work/ptxas_$arch.txt" && \
        grep "spill stores" "$work/ptxas_$arch.txt" | grep -vq " 0 bytes spill stores"; then
         echo "nvcc_compile: $arch: register spills:"; grep spill "$work/ptxas_$arch.txt"; exit 1
     fi
-    nvcc -std=c++17 -arch="$arch" -I"$src" -I"$src/include" -ptx "$work/emu_test_kernels.cu" -o "$work/k_$arch.ptx"
+    cp "$(ls "$work/keep_$arch"/*.ptx | head -n 1)" "$work/k_$arch.ptx"
     for insn in mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 \
                 ldmatrix.sync.aligned.m8n8.x4.shared.b16 ldmatrix.sync.aligned.m8n8.x4.trans \
                 cp.async.cg.shared.global cp.async.wait_group; do
