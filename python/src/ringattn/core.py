@@ -193,10 +193,7 @@ class Plan:
                 "v": (tk, self.num_kv_heads, self.head_dim_v),
                 "o": (tq, self.num_heads, self.head_dim_v),
                 "dout": (tq, self.num_heads, self.head_dim_v), "lse": (self.num_heads, tq),
-                "key_bias": (self.key_bias_heads, self.num_bias_keys())}
-
-    def num_bias_keys(self):
-        return self.num_keys
+                "key_bias": (self.key_bias_heads, tk)}
 
     def forward_raw(self, tensors, stream=None):
         C.call("ringattn_forward", self.handle, ctypes.byref(tensors), stream)
