@@ -234,7 +234,9 @@ class Plan:
         if key_bias is not None:
             t.key_bias = self._f32("key_bias", key_bias)
         shapes = self.expected_shapes()
-        out = np.full(shapes["o"], np.nan, dtype=_NP_DTYPES[self.dtype_code])
+        # poisoned, so a row the library did not write would show (bfloat16: its NaN's bits)
+        nan = 0x7FC0 if self.dtype_code == C.BFLOAT16 else np.nan
+        out = np.full(shapes["o"], nan, dtype=_NP_DTYPES[self.dtype_code])
         lse = np.full(shapes["lse"], np.nan, dtype=np.float32)
         t.o, t.lse = self._tensor("o", out), lse.ctypes.data
         self.forward_raw(t)
