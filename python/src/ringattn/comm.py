@@ -30,10 +30,12 @@ _OPS = {C.REDUCE_MIN: dist.ReduceOp.MIN, C.REDUCE_MAX: dist.ReduceOp.MAX,
 
 
 def _timeout_s():
+    """RINGATTN_COMM_TIMEOUT as the library reads it (comm/comm.c): positive, else 60."""
     try:
-        return max(1.0, float(os.environ.get("RINGATTN_COMM_TIMEOUT", "60")))
+        s = float(os.environ.get("RINGATTN_COMM_TIMEOUT", "0"))
     except ValueError:
-        return 60.0
+        s = 0.0
+    return s if s > 0 else 60.0
 
 
 def _byte_view(address, nbytes):
@@ -58,7 +60,6 @@ class TorchTransport:
         self.waiter = threading.Thread(target=self._wait_works, name="ringattn-torch-waiter",
                                        daemon=True)
         self.waiter.start()
-        self.last_exception = None
         self.struct = C.Transport(
             struct_size=ctypes.sizeof(C.Transport),
             sendrecv_start=C.SENDRECV_START(self._guard(self._sendrecv_start)),
@@ -73,7 +74,6 @@ class TorchTransport:
                 fn(*args)
                 return 0
             except Exception as exc:  # noqa: BLE001 - reported, then the call fails in C
-                self.last_exception = exc
                 _log.error("ringattn: torch.distributed transport: %s: %r", fn.__name__, exc)
                 return 1
         return callback

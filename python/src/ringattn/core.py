@@ -18,9 +18,37 @@ DTYPES = {"float32": C.FLOAT32, "float16": C.FLOAT16, "bfloat16": C.BFLOAT16}
 BACKENDS = {"auto": C.BACKEND_AUTO, "cpu": C.BACKEND_CPU, "cuda": C.BACKEND_CUDA}
 
 
-class Comm:
+class _Handle:
+    """A C handle destroyed by close() (idempotent) or when the object goes; a closed one is
+    refused with UsageError. Subclasses name their C destructor."""
+
+    _destroy = None  # the C function that destroys the handle
+    _handle = ctypes.c_void_p()
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise C.UsageError(C.INVALID_USAGE, "ringattn: this %s was closed" %
+                               type(self).__name__)
+        return self._handle
+
+    def close(self):
+        if self._handle:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            C.call(self._destroy, handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown, or a failed comm: nothing left to do
+            pass
+
+
+class Comm(_Handle):
     """Who is in the ring and how bytes move (ringattn_comm_t). Destroyed when the last plan
     made over it and the Comm itself are gone (or by close())."""
+
+    _destroy = "ringattn_comm_destroy"
 
     def __init__(self, handle, keepalive=None):
         self._handle = ctypes.c_void_p(handle)
@@ -30,25 +58,12 @@ class Comm:
         C.call("ringattn_comm_rank", self._handle, ctypes.byref(rank), ctypes.byref(size))
         self.rank, self.size = rank.value, size.value
 
-    @property
-    def handle(self):
-        if not self._handle:
-            raise C.UsageError(C.INVALID_USAGE, "ringattn: this Comm was closed")
-        return self._handle
-
     def close(self):
         """Destroys the comm, and first every plan still open on it."""
         if self._handle:
             for plan in list(self._plans):
                 plan.close()
-            handle, self._handle = self._handle, ctypes.c_void_p()
-            C.call("ringattn_comm_destroy", handle)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown, or a failed comm: nothing left to do
-            pass
+        super().close()
 
     def __repr__(self):
         return "ringattn.Comm(rank=%d, size=%d)" % (self.rank, self.size)
@@ -101,8 +116,10 @@ def _int32_array(values, what):
     return arr.astype(np.int32)
 
 
-class Plan:
+class Plan(_Handle):
     """ringattn_plan_t for one descriptor (ringattn_plan_desc_t's fields as keywords)."""
+
+    _destroy = "ringattn_plan_destroy"
 
     def __init__(self, cu_seqlens, num_heads, head_dim, *, num_kv_heads=0, head_dim_v=0,
                  dtype="float32", layout="contiguous", cu_seqlens_k=None, causal=False,
@@ -154,23 +171,14 @@ class Plan:
         # keys: the local query rows in a ring; every key of the batch on one rank
         self.num_keys = (int(self.cu_seqlens_k[-1]) if self.cu_seqlens_k is not None and
                          comm is None else index.size)
-
-    @property
-    def handle(self):
-        if not self._handle:
-            raise C.UsageError(C.INVALID_USAGE, "ringattn: this Plan was closed")
-        return self._handle
-
-    def close(self):
-        if getattr(self, "_handle", None):
-            handle, self._handle = self._handle, ctypes.c_void_p()
-            C.call("ringattn_plan_destroy", handle)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        tq, tk = index.size, self.num_keys
+        # the shape of every tensor a call takes, checked before each call (the C API cannot)
+        self.shapes = {"q": (tq, self.num_heads, self.head_dim),
+                       "k": (tk, self.num_kv_heads, self.head_dim),
+                       "v": (tk, self.num_kv_heads, self.head_dim_v),
+                       "o": (tq, self.num_heads, self.head_dim_v),
+                       "dout": (tq, self.num_heads, self.head_dim_v), "lse": (self.num_heads, tq),
+                       "key_bias": (self.key_bias_heads, tk)}
 
     def info(self):
         """ringattn_plan_get_info as a dict: schedule, bytes per call, tiles and memory."""
@@ -186,15 +194,6 @@ class Plan:
         seq = np.searchsorted(self.cu_seqlens, self.index, side="right") - 1
         return (self.index - self.cu_seqlens[seq]).astype(np.int64)
 
-    # -- shapes every call checks (the C API cannot) --------------------------------------
-    def expected_shapes(self):
-        tq, tk = self.index.size, self.num_keys
-        return {"q": (tq, self.num_heads, self.head_dim), "k": (tk, self.num_kv_heads, self.head_dim),
-                "v": (tk, self.num_kv_heads, self.head_dim_v),
-                "o": (tq, self.num_heads, self.head_dim_v),
-                "dout": (tq, self.num_heads, self.head_dim_v), "lse": (self.num_heads, tq),
-                "key_bias": (self.key_bias_heads, tk)}
-
     def forward_raw(self, tensors, stream=None):
         C.call("ringattn_forward", self.handle, ctypes.byref(tensors), stream)
 
@@ -203,7 +202,7 @@ class Plan:
 
     # -- numpy ---------------------------------------------------------------------------
     def _array(self, name, arr, dtype=None):
-        want = self.expected_shapes()[name]
+        want = self.shapes[name]
         dtype = _NP_DTYPES[self.dtype_code] if dtype is None else np.dtype(dtype)
         if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != want:
             raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s must be a numpy array "
@@ -233,7 +232,7 @@ class Plan:
         t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v))
         if key_bias is not None:
             t.key_bias = self._f32("key_bias", key_bias)
-        shapes = self.expected_shapes()
+        shapes = self.shapes
         # poisoned, so a row the library did not write would show (bfloat16: its NaN's bits)
         nan = 0x7FC0 if self.dtype_code == C.BFLOAT16 else np.nan
         out = np.full(shapes["o"], nan, dtype=_NP_DTYPES[self.dtype_code])
@@ -247,7 +246,7 @@ class Plan:
         t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v),
                       o=self._tensor("o", out), dout=self._tensor("dout", dout))
         t.lse = self._f32("lse", lse)
-        shapes = self.expected_shapes()
+        shapes = self.shapes
         grads = [np.empty(shapes[n], dtype=_NP_DTYPES[self.dtype_code]) for n in ("q", "k", "v")]
         t.dq, t.dk, t.dv = (self._tensor(n, g) for n, g in zip(("q", "k", "v"), grads))
         dbias = None

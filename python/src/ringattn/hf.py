@@ -202,11 +202,7 @@ def mask_interface(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
 # The attention function
 
 def _ints(x, what):
-    if isinstance(x, torch.Tensor):
-        if x.dim() != 1:
-            raise ValueError("ringattn: %s must be 1-D, got shape %s" % (what, tuple(x.shape)))
-        x = x.detach().cpu().tolist()
-    return [int(v) for v in x]
+    return list(rt.host_ints(x, what))
 
 
 def _cu_from_positions(position_ids, batch, seq):

@@ -73,12 +73,16 @@ def _bad(message):
     return C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn.torch: " + message)
 
 
-def _host_ints(t, what):
+def host_ints(t, what):
+    """A 1-D int32/int64 tensor or a sequence of ints as a tuple on the host (None stays)."""
     if t is None:
         return None
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-        raise _bad("%s must be a 1-D int32 or int64 tensor" % what)
-    return tuple(int(x) for x in t.detach().cpu().tolist())
+    if isinstance(t, torch.Tensor):
+        if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+            raise _bad("%s must be a 1-D int32 or int64 tensor, got %s of shape %s" %
+                       (what, t.dtype, tuple(t.shape)))
+        t = t.detach().cpu().tolist()
+    return tuple(int(x) for x in t)
 
 
 def _check_inputs(q, k, v):
@@ -100,8 +104,8 @@ def _check_inputs(q, k, v):
 def _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal, window_left,
               window_right, softcap, scale, keep_k, layout, comm_id):
     _check_inputs(q, k, v)
-    cu = _host_ints(cu_seqlens, "cu_seqlens")
-    cu_k = _host_ints(cu_seqlens_k, "cu_seqlens_k")
+    cu = host_ints(cu_seqlens, "cu_seqlens")
+    cu_k = host_ints(cu_seqlens_k, "cu_seqlens_k")
     slopes = (None if alibi_slopes is None
               else tuple(float(x) for x in alibi_slopes.detach().float().cpu().reshape(-1)))
     bias_heads = 0 if key_bias is None else int(key_bias.shape[0])
@@ -134,7 +138,7 @@ def _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
             _plans[key] = plan
             while len(_plans) > _PLAN_CACHE_SIZE:
                 _plans.popitem(last=False)[1].close()
-    want = plan.expected_shapes()
+    want = plan.shapes
     for name, t in (("q", q), ("k", k), ("v", v)):
         if tuple(t.shape) != want[name]:
             raise _bad("%s has shape %s; this rank's plan for cu_seqlens %s holds %s" %
@@ -272,8 +276,7 @@ class ShardPlan:
     """Which rows of a global packed batch this rank holds under a layout (SPEC 8)."""
 
     def __init__(self, cu_seqlens, layout, comm):
-        cu = _host_ints(cu_seqlens, "cu_seqlens") if isinstance(cu_seqlens, torch.Tensor) \
-            else tuple(int(x) for x in cu_seqlens)
+        cu = host_ints(cu_seqlens, "cu_seqlens")
         p = Plan(cu, 1, 1, layout=layout, comm=comm)  # collective; the token map is all we keep
         self.cu_seqlens, self.layout, self.comm = cu, layout, comm
         self.num_tokens = p.num_tokens
