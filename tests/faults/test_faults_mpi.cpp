@@ -3,7 +3,6 @@
 // slow but live peer is not an error (the deadline counts time without progress), and, with
 // RATEST_FAULT_KILL=1 under mpirun --enable-recovery, a rank killed inside its forward: the
 // survivors return RINGATTN_ERR_COMM within the deadline and tear down cleanly.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -13,6 +12,7 @@
 #include <string>
 
 #include "faults/scenarios.hpp"
+#include "support/catch_session.hpp"
 #include "ringattn_mpi.h"
 
 using namespace faults;
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
         // MPI_Finalize would wait for the dead rank: the survivors' part is done
         std::_Exit(rc);
     }
-    const int rc = Catch::Session().run(argc, argv);
+    const int rc = ra_catch_run(argc, argv);
     int worst = rc;
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();

@@ -1,11 +1,8 @@
-// One compiled Catch2 main shared by every test executable (catch.hpp's main is slow to build).
+// The Catch2 main shared by every test executable but the MPI ones (catch_session.cpp).
 // A test registered for a real GPU (RATEST_GPU=1, the nvcc build's _cuda tests) is skipped --
 // exit code 77, with the reason printed -- when the machine has no usable CUDA device. The
 // probe runs in a child process: a process that has initialised CUDA cannot fork ranks that use
 // it (tests/cuda/test_cuda_nccl.cpp forks its NCCL ranks).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "support/catch_session.hpp"
 
 namespace {
 
@@ -61,5 +60,5 @@ int main(int argc, char **argv)
 {
     const char *gpu = std::getenv("RATEST_GPU");
     if (gpu && std::strcmp(gpu, "1") == 0 && gpu_missing_probed_apart()) return 77;
-    return Catch::Session().run(argc, argv);
+    return ra_catch_run(argc, argv);
 }
