@@ -32,7 +32,7 @@ typedef struct ra_kernel_params {
     int selects;          /* a top-k keep_k drops keys somewhere (0 < keep_k < longest) */
     /* tiles and threads, decided at plan creation by the backend (tuning fields override) */
     int block_q, block_k;
-    int keys_block;       /* rows of a backward keys-pass tile */
+    int keys_block;       /* rows of a backward key tile */
     int num_threads;      /* CPU threads of a call, 0 = OpenMP's default then (at most as many
                              as when the plan was made: the workspace is sized for those) */
     int device;           /* a device backend's ordinal: the descriptor's, -1 (the current one)

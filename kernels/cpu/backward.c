@@ -1,12 +1,13 @@
 /*
- * CPU backward (SPEC 7), deterministic and with O(threads x tile) workspace plus three values
- * per query row (the prologue's, once per call):
- *   keys pass (keys.c): one (key tile, kv head) per task sums dK, dV over every query head of
- *                 its GQA group and every query tile that can see it;
- *   queries pass: one (query tile, head) per task sums dQ over the key tiles it sees.
- * Each output has one owner task, so no reduction depends on thread timing. P and dS are
- * recomputed in both passes (7 tile products per pair instead of 5: the price of no atomics
- * and no O(T) partial-dQ buffers).
+ * CPU backward (SPEC 7) in one pass of 5 tile products per pair (grads.c), deterministic:
+ *   tasks: (sequence, kv head, query range): each owns the dQ of its rows and sums its dK, dV
+ *          (dBias) into its own partial slot (backward.h), so no sum depends on the threads;
+ *   sums:  one (key tile, kv head) per task adds the slots in range order and stores dK, dV
+ *          (and the tile's dBias).
+ * The ranges per sequence (workspace.c) follow from the shapes alone, never from the thread
+ * count: the order of every sum is fixed and the outputs are bitwise the same for any number
+ * of threads (SPEC 9). Memory: the slots, ranges x (H_kv x key rows x (D + D_v) + dBias rows)
+ * floats, plus O(threads x tile); the prologue's three values per query row and head.
  */
 #include <cblas.h>
 #include <math.h>
@@ -35,7 +36,7 @@ ra_q_side ra__load_q_side(const ra_kernel_params *p, const ra_bwd_io *io, ra_thr
 
 /*
  * The prologue of rows [qrow, qrow + nq) of head h: SPEC 7 D_i = dot(dO_i, O_i) (every tile pair
- * of both passes reads it), and SPEC 9's P = exp(s - shift) * scale: shift = LSE and scale = 1,
+ * reads it), and SPEC 9's P = exp(s - shift) * scale: shift = LSE and scale = 1,
  * or, where LSE is lossy and the row's stats were recomputed, shift = m and scale = 1 / l.
  */
 static void prologue_rows(const ra_kernel_params *p, const ra_bwd_prologue_io *io,
@@ -118,76 +119,71 @@ void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
     }
 }
 
-/* dQ += scale * dZ K over a gathered batch of keys (SPEC 6 selection). */
-static void queries_batch(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, int h, const ra_q_side *qd, const ra_key_batch *b,
-                          const ra_tile_dyn *dyn)
+/* a[i] += b[i], i < n */
+static void add_floats(float *restrict a, const float *restrict b, size_t n)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, h, qs, b, &qd->logits_q, w->kb, w->s, ra__tanh_buf(p, w), dyn);
-    ra__tile_grads(p, w, (int)qs->count, b->n, qd, w->vb, Dv, NULL);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qs->count, D, b->n, p->scale,
-                w->dp, b->n, w->kb, D, 1.0f, w->acc, D);
+    for (size_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
-/* dQ of the query tile qs (local rows from qrow) of head h over every key segment it sees. */
-static void queries_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                         const ra_span *qs, int64_t qrow, int h)
+/* Key tile rows [krow, krow + nk) of kv head g: the slots summed in range order (into slot 0),
+   stored into dK, dV. */
+static void sum_key_tile(const ra_kernel_params *p, const ra_bwd_io *io, const ra_bwd_parts *s,
+                         int64_t krow, int nk, int g)
 {
-    const int D = p->head_dim, Dv = p->head_dim_v, g = h / (p->num_heads / p->num_kv_heads);
-    const int nq = (int)qs->count;
-    int64_t ldk, ldv;
-    const ra_q_side qd = ra__load_q_side(p, io, w, h, qrow, nq);
-    memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
-
-    ra_key_pieces kp;
-    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->keys, h, p->block_k);
-    for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
-        if (piece == RA_PIECE_BATCH) {
-            queries_batch(p, io, w, qs, h, &qd, &kp.batch, &kp.sel);
-            continue;
-        }
-        const int nk = (int)kp.ks.count;
-        const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
-        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
-                        &qd.logits_q, k, ldk, w->s, ra__tanh_buf(p, w), kp.use);
-        ra__tile_grads(p, w, nq, nk, &qd, v, ldv, NULL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
-                    (int)ldk, 1.0f, w->acc, D);
+    const int D = p->head_dim, Dv = p->head_dim_v;
+    const int64_t tk = io->keys->rows;
+    float *dk = ra__bwd_slot_dk(s, 0, g, tk) + krow * D, *dv = ra__bwd_slot_dv(s, 0, g, tk) + krow * Dv;
+    for (int j = 1; j < s->ranges; ++j) {
+        add_floats(dk, ra__bwd_slot_dk(s, j, g, tk) + krow * D, (size_t)nk * D);
+        add_floats(dv, ra__bwd_slot_dv(s, j, g, tk) + krow * Dv, (size_t)nk * Dv);
     }
-    ra__tile_store(io->dq, p->dtype, io->accumulate, qrow, nq, h, D, w->acc, D);
+    ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, dk, D);
+    ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, dv, Dv);
+}
+
+/* The same for the key tile's dBias: each bias head's rows of every slot, slot-major, into its
+   first row of slot 0, stored into dBias [H_b, ld]. */
+static void sum_key_tile_dbias(const ra_kernel_params *p, const ra_bwd_io *io,
+                               const ra_bwd_parts *s, int64_t krow, int nk)
+{
+    const int64_t tk = io->keys->rows;
+    const int Hb = p->bias_heads, per = s->db_rows / Hb; /* rows per bias head */
+    const ra_view out = {(char *)io->dyn.dbias, 1, io->dyn.ld, sizeof(float)};
+    for (int hb = 0; hb < Hb; ++hb) {
+        float *db = ra__bwd_slot_db(s, 0, hb * per, tk) + krow;
+        for (int j = 0; j < s->ranges; ++j)
+            for (int r = hb * per + (j == 0); r < (hb + 1) * per; ++r)
+                add_floats(db, ra__bwd_slot_db(s, j, r, tk) + krow, (size_t)nk);
+        ra__tile_store(&out, RINGATTN_FLOAT32, io->accumulate, krow, 1, hb, nk, db, nk);
+    }
 }
 
 ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kernel_params *p,
                                           const ra_bwd_io *io)
 {
-    const int nt = ra__cpu_threads(p, ws);
+    const int nt = ra__cpu_threads(p, ws), Hk = p->num_kv_heads, J = ws->bwd_ranges;
+    const ra_bwd_parts parts = {ws->bwd_dk, ws->bwd_dv,    ws->bwd_db,    J,
+                                Hk,         p->head_dim, p->head_dim_v, ws->bwd_db_rows};
     const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
     const ra_tiling kt = ra__tiling_make(io->keys, p->keys_block, ws->k_first);
-    const int H = p->num_heads, Hk = p->num_kv_heads;
-    /* kv heads per keys task: all of them when they share one bias head (H_b = 1 < H_kv) */
-    const int gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1, blocks = Hk / gb;
-    const int64_t key_tasks = kt.tiles * blocks, query_tasks = qt.tiles * H;
+    const int64_t tasks = (int64_t)p->num_seqs * Hk * J, sums = kt.tiles * Hk;
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel num_threads(nt)
     {
         ra_thread_ws *w = &ws->per_thread[omp_get_thread_num()];
-        ra_span span;
-        int64_t row;
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t task = 0; task < key_tasks; ++task) {
-            ra__tiling_tile(&kt, io->keys, task / blocks, &span, &row);
-            const int g0 = (int)(task % blocks) * gb;
-            ra__keys_task(p, io, w, &span, row, g0, g0 + gb);
-            if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
-        }
+        /* the last range first: under a causal mask it sees the most keys */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < query_tasks; ++task) {
-            ra__tiling_tile(&qt, p->queries, task / H, &span, &row);
-            queries_task(p, io, w, &span, row, (int)(task % H));
+        for (int64_t task = 0; task < tasks; ++task)
+            ra__grads_task(p, io, w, &parts, &qt, (int)(task / J / Hk), (int)(task / J % Hk),
+                           J - 1 - (int)(task % J));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < sums; ++task) {
+            ra_span ks;
+            int64_t krow;
+            const int nk = ra__tiling_tile(&kt, io->keys, task / Hk, &ks, &krow);
+            sum_key_tile(p, io, &parts, krow, nk, (int)(task % Hk));
+            if (io->dyn.dbias && task % Hk == 0) sum_key_tile_dbias(p, io, &parts, krow, nk);
             if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
         }
     }

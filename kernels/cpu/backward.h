@@ -1,7 +1,7 @@
 /*
- * What the CPU backward's two passes share (backward.c: prologue, queries pass, the call;
- * keys.c: the keys pass): the query side of a tile pair and SPEC 7 on a tile's logits.
- * Internal to kernels/cpu.
+ * What the CPU backward's parts share (backward.c: the prologue, the call and the sums over
+ * ranges; grads.c: one task): the query side of a tile pair, SPEC 7 on a tile's logits and the
+ * partial dK, dV, dBias slots. Internal to kernels/cpu.
  */
 #ifndef RINGATTN_KERNELS_CPU_BACKWARD_H
 #define RINGATTN_KERNELS_CPU_BACKWARD_H
@@ -36,12 +36,38 @@ static inline float *ra__tanh_buf(const ra_kernel_params *p, ra_thread_ws *w)
 }
 
 /*
- * The keys pass's task (keys.c): dK, dV of the key tile ks (local rows from krow) for kv heads
- * [g0, g1), over each GQA group's heads and every query tile of the local queries that can
- * see it, and the tile's dBias rows of those heads (a task covers every kv head sharing a bias
- * head, so it owns its dBias rows).
+ * The partial sums of the backward's tasks (workspace.c sizes them at plan creation): slot j
+ * holds the dK, dV and dBias that query range j of every sequence adds, float32, [ranges,
+ * H_kv, key rows, D] and [ranges, H_kv, key rows, D_v], and [ranges, db_rows, key rows] with
+ * db_rows = H when H_b = H > H_kv, else H_kv (H_b = 1 sums those rows afterwards). Key rows
+ * are the call's key shard's, at most the plan's largest.
  */
-void ra__keys_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                   const ra_span *ks, int64_t krow, int g0, int g1);
+typedef struct ra_bwd_parts {
+    float *dk, *dv, *db;
+    int ranges, kv_heads, d, dv_dim, db_rows;
+} ra_bwd_parts;
+
+static inline float *ra__bwd_slot_dk(const ra_bwd_parts *s, int j, int g, int64_t tk)
+{
+    return s->dk + ((size_t)j * s->kv_heads + g) * (size_t)tk * s->d;
+}
+
+static inline float *ra__bwd_slot_dv(const ra_bwd_parts *s, int j, int g, int64_t tk)
+{
+    return s->dv + ((size_t)j * s->kv_heads + g) * (size_t)tk * s->dv_dim;
+}
+
+static inline float *ra__bwd_slot_db(const ra_bwd_parts *s, int j, int r, int64_t tk)
+{
+    return s->db + ((size_t)j * s->db_rows + r) * (size_t)tk;
+}
+
+/*
+ * One task (grads.c): query range j (of parts->ranges) of sequence s, query heads of kv head
+ * g: dQ of its rows written (added to with accumulate), its slot's dK, dV (dBias) rows of
+ * sequence s zeroed and then summed over its tile pairs.
+ */
+void ra__grads_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
+                    const ra_bwd_parts *parts, const ra_tiling *qt, int s, int g, int j);
 
 #endif

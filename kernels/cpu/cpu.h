@@ -13,9 +13,9 @@
 #include "masks/mask.h"
 #include "masks/topk.h"
 
-/* Keys-pass tile, in block_k, under a top-k selection: at T = 16K, keep_k = T/8 the sparse
-   fwd+bwd measured 0.340 of the dense time with 4 and 0.316 with 8. */
-#define RA_CPU_SELECT_KEYS_TILES 8
+/* Backward tasks (sequence, kv head, query range) a call aims for: the query ranges per
+   sequence are ceil(this / (sequences x H_kv)), from the shapes alone (SPEC 9). */
+#define RA_CPU_BWD_TASKS 8
 
 /* One thread's tile buffers (float32), carved from one slab. */
 typedef struct ra_thread_ws {
@@ -23,21 +23,12 @@ typedef struct ra_thread_ws {
     float *q_scaled;             /* [block_q, D] scale * Q when it goes first (SPEC 9) */
     float *s, *dp, *tanh_s;      /* [block_q, block_k] logits/probabilities, dP/dZ, tanh */
     float *acc;                  /* [block_q, max(D, D_v)]: forward acc, dQ */
-    float *dk, *dv;              /* [keys_block, D], [keys_block, D_v]: keys-pass tile sums */
-    float *dbias;                /* [H_b, keys_block]: keys-pass dBias sums */
-    /* a gathered batch (forward, queries pass) or a key tile in bias order (keys pass): */
+    /* a gathered batch of keys (SPEC 6 selection): */
     float *kb, *vb;              /* [keys_block, D], [keys_block, D_v]: its K, V */
-    float *dkb, *dvb;            /* [keys_block, D], [keys_block, D_v]: its dK, dV (keys pass) */
-    float *dbb;                  /* [keys_block]: its dBias (keys pass) */
     int64_t *batch_row;          /* [keys_block] (ra_key_batch) */
     int32_t *batch_pos;
     float *batch_bias;
-    int32_t *batch_slot;
-    ra_topk_key *order;          /* [keys_block] a key tile sorted by bias (keys pass) */
-    /* keys pass: a batch of the sorted tile's keys that a query tile partly sees, [block_k] */
-    int64_t *part_row;
-    int32_t *part_pos, *part_slot;
-    float *part_bias, *dkt, *dvt, *dbt; /* its bias; its dK [block_k, D], dV, dBias */
+    float *dkt, *dvt, *dbt;      /* backward: its dK [block_k, D], dV, dBias */
     float *m, *l;                /* [block_q] per-row softmax state */
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
     /* the backward prologue's results, [H, query rows], shared by every thread */
@@ -58,6 +49,9 @@ struct ra_workspace {
     /* the backward prologue (SPEC 7, 9): D_i of every local query row and the shift and scale
        of its probabilities, [H, rows] each */
     float *drow, *pshift, *pscale;
+    /* the backward's partial dK, dV, dBias slots (kernels/cpu/backward.h: ra_bwd_parts) */
+    float *bwd_dk, *bwd_dv, *bwd_db;
+    int bwd_ranges, bwd_db_rows;
     void *slab;
 };
 
@@ -163,23 +157,21 @@ typedef struct ra_key_batch {
     int64_t *row; /* local row in the key shard */
     int32_t *pos; /* position in the sequence (cu_seqlens are int: it fits) */
     float *bias;        /* the key's bias for the head at hand */
-    int32_t *slot;      /* keys pass: index within its key tile */
 } ra_key_batch;
 
 static inline ra_key_batch ra__batch_of(ra_thread_ws *w)
 {
-    const ra_key_batch b = {0, w->batch_row, w->batch_pos, w->batch_bias, w->batch_slot};
+    const ra_key_batch b = {0, w->batch_row, w->batch_pos, w->batch_bias};
     return b;
 }
 
-/* Appends key j of tile ks (local rows from krow; bias: the tile's) to b, slot j. */
+/* Appends key j of tile ks (local rows from krow; bias: the tile's) to b. */
 static inline void ra__batch_add_key(ra_key_batch *b, const ra_span *ks, int64_t krow,
                                      const float *bias, int j)
 {
     b->row[b->n] = krow + j;
     b->pos[b->n] = (int32_t)(ks->pos + j * ks->stride);
-    b->bias[b->n] = bias[j];
-    b->slot[b->n++] = j;
+    b->bias[b->n++] = bias[j];
 }
 
 /*
@@ -229,7 +221,7 @@ int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t 
  * SPEC 6 selection): a whole key tile for the plain path (RA_PIECE_TILE: ks, krow, kind, and
  * `use`, the bias-only view or NULL), or a batch of gathered keys that some row may keep
  * (RA_PIECE_BATCH: `batch`, with the rows' thresholds in `sel`), up to bk keys each. Shared by
- * the forward and the backward's queries pass, so both take the same keys in the same order.
+ * the forward and the backward, so both take the same keys in the same order.
  */
 typedef enum ra_piece { RA_PIECE_END = 0, RA_PIECE_TILE = 1, RA_PIECE_BATCH = 2 } ra_piece;
 

@@ -11,9 +11,7 @@ static ringattn_status_t cpu_prepare(ra_kernel_params *p)
     ra__cpu_blas_check();
     if (!p->block_q) p->block_q = RA_CPU_DEFAULT_BLOCK;
     if (!p->block_k) p->block_k = RA_CPU_DEFAULT_BLOCK;
-    /* With a top-k selection the keys pass gathers the few kept keys of a longer key tile, so
-       that its tile products stay about block_k wide (SPEC 6 sparsity). */
-    p->keys_block = p->selects ? RA_CPU_SELECT_KEYS_TILES * p->block_k : p->block_k;
+    p->keys_block = p->block_k; /* the backward's key-sums tiles */
     return RINGATTN_SUCCESS;
 }
 

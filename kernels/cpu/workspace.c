@@ -1,7 +1,8 @@
 /*
  * The CPU backend's workspace, made at plan creation and kept by the plan (no allocation in a
- * call): O(threads x tile) floats, the tile index of each sequence, and the backward
- * prologue's three values per local query row and head (as many as the LSE each).
+ * call): O(threads x tile) floats, the tile index of each sequence, the backward
+ * prologue's three values per local query row and head (as many as the LSE each), and the
+ * backward's partial dK, dV, dBias slots (backward.h).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ void ra__cpu_workspace_destroy(struct ra_workspace *ws)
     free(ws->drow);
     free(ws->pshift);
     free(ws->pscale);
+    free(ws->bwd_dk);
     free(ws->slab);
     free(ws);
 }
@@ -57,23 +59,23 @@ int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_spa
 }
 
 /* Carves one thread's buffers out of base; returns the number of floats used. */
-static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d, int dv, int hb)
+static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d, int dv)
 {
     const int dmax = d > dv ? d : dv;
-    const size_t sizes[] = {(size_t)bq * d, (size_t)bk * d,  (size_t)bk * dv, (size_t)bq * dv,
-                            (size_t)bq * dv, (size_t)bq * bk, (size_t)bq * bk, (size_t)bq * bk,
-                            (size_t)bq * dmax, (size_t)kb * d, (size_t)kb * dv, bq, bq,
-                            bq, bq, (size_t)(hb > 0 ? hb : 1) * kb, (size_t)kb * d,
-                            (size_t)kb * dv, (size_t)kb * d, (size_t)kb * dv, kb, 2 * (size_t)kb,
-                            kb, kb, kb, 2 * (size_t)kb, 2 * (size_t)bk, bk, bk, bk,
-                            (size_t)bk * d, (size_t)bk * dv, bk, (size_t)bq * d};
-    float **dst[] = {&w->q,  &w->k,      &w->v,  &w->dout, &w->o, &w->s, &w->dp, &w->tanh_s,
-                     &w->acc, &w->dk,    &w->dv, &w->m,    &w->l,
-                     (float **)&w->row_begin, (float **)&w->row_end, &w->dbias, &w->kb,
-                     &w->vb, &w->dkb, &w->dvb, &w->dbb, (float **)&w->batch_row,
-                     (float **)&w->batch_pos, &w->batch_bias, (float **)&w->batch_slot,
-                     (float **)&w->order, (float **)&w->part_row, (float **)&w->part_pos,
-                     (float **)&w->part_slot, &w->part_bias, &w->dkt, &w->dvt, &w->dbt,
+    const size_t sizes[] = {(size_t)bq * d,    (size_t)bk * d,    (size_t)bk * dv, (size_t)bq * dv,
+                            (size_t)bq * dv,   (size_t)bq * bk,   (size_t)bq * bk, (size_t)bq * bk,
+                            (size_t)bq * dmax, bq,                bq,              bq,
+                            bq,                (size_t)kb * d,    (size_t)kb * dv, 2 * (size_t)kb,
+                            kb,                kb,                (size_t)bk * d,  (size_t)bk * dv,
+                            bk,                (size_t)bq * d};
+    float **dst[] = {&w->q,      &w->k,        &w->v,
+                     &w->dout,   &w->o,        &w->s,
+                     &w->dp,     &w->tanh_s,   &w->acc,
+                     &w->m,      &w->l,        (float **)&w->row_begin,
+                     (float **)&w->row_end,    &w->kb,
+                     &w->vb,     (float **)&w->batch_row,
+                     (float **)&w->batch_pos,  &w->batch_bias,
+                     &w->dkt,    &w->dvt,      &w->dbt,
                      &w->q_scaled};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0],
                    "one size per buffer");
@@ -85,6 +87,35 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
     return used;
 }
 
+/*
+ * The backward's query ranges per sequence (backward.c): enough (sequence, kv head, range)
+ * tasks for RA_CPU_BWD_TASKS threads, from the shapes alone (SPEC 9: never the thread count).
+ */
+static int backward_ranges(const ra_kernel_params *p)
+{
+    int seqs = 0;
+    for (int s = 0; s < p->num_seqs; ++s)
+        seqs += p->queries->seq_first[s + 1] > p->queries->seq_first[s];
+    const int units = (seqs > 0 ? seqs : 1) * p->num_kv_heads;
+    return units >= RA_CPU_BWD_TASKS ? 1 : (RA_CPU_BWD_TASKS + units - 1) / units;
+}
+
+/* Sizes ws's backward slots (backward.h) for the plan's largest key shard; returns floats. */
+static size_t backward_slots(const ra_kernel_params *p, struct ra_workspace *ws, size_t *dk,
+                             size_t *dv)
+{
+    int64_t tk = 1;
+    for (int s = 0; s < p->num_key_shards; ++s)
+        tk = p->key_shards[s].rows > tk ? p->key_shards[s].rows : tk;
+    const int H = p->num_heads, Hk = p->num_kv_heads;
+    ws->bwd_ranges = backward_ranges(p);
+    ws->bwd_db_rows = p->bias_heads == 0 ? 0 : (p->bias_heads == H && H > Hk ? H : Hk);
+    const size_t rows = (size_t)ws->bwd_ranges * (size_t)tk;
+    *dk = rows * Hk * p->head_dim;
+    *dv = rows * Hk * p->head_dim_v;
+    return *dk + *dv + rows * ws->bwd_db_rows + 1;
+}
+
 ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
                                            size_t *bytes)
 {
@@ -92,7 +123,9 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     if (!ws) return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (workspace)");
     const int threads = ws->threads = p->num_threads;
     const size_t per = carve(&(ra_thread_ws){0}, NULL, p->block_q, p->block_k, p->keys_block,
-                             p->head_dim, p->head_dim_v, p->bias_heads);
+                             p->head_dim, p->head_dim_v);
+    size_t n_dk, n_dv;
+    const size_t slots = backward_slots(p, ws, &n_dk, &n_dv);
     int max_segs = 1; /* tilings are made of the queries and of one key shard at a time */
     for (int s = 0; s < p->num_key_shards; ++s)
         max_segs = p->key_shards[s].num_segs > max_segs ? p->key_shards[s].num_segs : max_segs;
@@ -105,20 +138,23 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     ws->pshift = malloc(rows * sizeof(float));
     ws->pscale = malloc(rows * sizeof(float));
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
+    ws->bwd_dk = malloc(slots * sizeof(float));
     if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->pshift ||
-        !ws->pscale || !ws->slab) {
+        !ws->pscale || !ws->slab || !ws->bwd_dk) {
         ra__cpu_workspace_destroy(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
                         "ringattn: out of memory (workspace of %zu bytes)",
-                        per * threads * sizeof(float));
+                        (per * threads + slots) * sizeof(float));
     }
+    ws->bwd_dv = ws->bwd_dk + n_dk;
+    ws->bwd_db = ws->bwd_dv + n_dv;
     for (int t = 0; t < threads; ++t) {
         ra_thread_ws *w = &ws->per_thread[t];
         carve(w, (float *)ws->slab + per * t, p->block_q, p->block_k, p->keys_block, p->head_dim,
-              p->head_dim_v, p->bias_heads);
+              p->head_dim_v);
         w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
     }
-    *bytes = sizeof *ws + per * threads * sizeof(float) + 3 * rows * sizeof(float) +
+    *bytes = sizeof *ws + (per * threads + slots) * sizeof(float) + 3 * rows * sizeof(float) +
              2 * ((size_t)max_segs + 1) * sizeof(int64_t) + threads * sizeof *ws->per_thread;
     *out = ws;
     return RINGATTN_SUCCESS;

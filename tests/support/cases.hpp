@@ -340,6 +340,32 @@ inline void check_poisoned_scratch_changes_nothing(const AttnConfig &c, std::mt1
     check_same_backward(got, ref);
 }
 
+// SPEC 9: the thread count changes no bit. One problem for c, run by plans at num_threads 1
+// and at each of `threads` (every output poisoned first): O, LSE, dQ, dK, dV and dBias bitwise
+// those of the one-thread run, which also matches the oracle.
+inline void check_thread_counts_change_nothing(const AttnConfig &c, std::mt19937_64 &rng,
+                                               std::initializer_list<int> threads)
+{
+    AttnConfig one = c;
+    one.num_threads = 1;
+    Problem pb(one, Storage::Packed, rng);
+    Plan base(one);
+    require_plan(base);
+    REQUIRE(check_against_oracle(base, pb));
+    const Outputs ref(pb);
+    for (int t : threads) {
+        AttnConfig ct = c;
+        ct.num_threads = t;
+        Plan plan(ct);
+        require_plan(plan);
+        INFO("num_threads " << t << ", config " << c.describe());
+        run_both(plan, pb);
+        const Outputs got(pb);
+        check_same_forward(got, ref);
+        check_same_backward(got, ref);
+    }
+}
+
 // A small random batch for checks of which keys each query sees: 1 to 3 sequences of 0 to
 // max_len - 1 queries with (a third of the time) 0 to max_len - 1 keys, else as many keys as
 // queries or up to 4 more; a random causal flag and window sides (-1, 0, 1, 3 or 20). Sets

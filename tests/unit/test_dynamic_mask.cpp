@@ -139,6 +139,15 @@ TEST_CASE("dynamic mask: dBias not requested, strides, threads and repeatability
     }
 }
 
+TEST_CASE("dynamic mask: the thread count changes no bit, dBias included", "[dynamic][fwd][bwd][determinism]")
+{
+    for (int it = 0; it < 6; ++it) {
+        std::mt19937_64 rng(seed_for("dyn-thread-bits", (uint64_t)it));
+        AttnConfig c = random_dyn_config(rng, all_dtypes[it % 3], 120, it);
+        check_thread_counts_change_nothing(c, rng, {2, 3});
+    }
+}
+
 TEST_CASE("dynamic mask: top-k under sliding windows with heavy ties, long sequences", "[dynamic][fwd][bwd]")
 {
     // Each row's valid set slides along the sequence, and the biases take 3 or 4 distinct values:
