@@ -14,6 +14,9 @@
  * float32 implementation (single thread) at T = 1024, for comparison. --backend cuda runs the
  * same float32 problems on the CUDA backend (device copies of the tensors; each run ends with a
  * device synchronisation): forward and backward, threads 1 (one device), eff% 0 (no ceiling).
+ * --dtype f16,bf16 stores Q, K, V, dO and the outputs in that dtype (CPU backend): the inputs are
+ * rounded to it first, so the float64 reference sees what the library sees, and the check's
+ * tolerance is a few units of the dtype's rounding (outputs are rounded to it).
  *
  * Run with --help for the flags; bench/README.md explains the output. The helpers it shares with
  * the other benchmarks are in common.h.
@@ -54,10 +57,11 @@ typedef struct {
     const char *json_path; /* NULL: JSON lines on stdout after the table */
     int no_json;
     int cuda; /* --backend cuda */
+    int dtypes[MAX_LIST], ndtypes; /* ringattn_dtype_t values */
 } options_t;
 
 typedef struct {
-    int seq, heads, dim, mask, threads, naive, bwd;
+    int seq, heads, dim, dtype, mask, threads, naive, bwd;
     double time_ms, gflops, eff, err;
     int wrong;
 } result_t;
@@ -92,13 +96,67 @@ static double allowed_pairs(int mask, int T) {
 /* ---------------------------------------------------------------- problem */
 
 typedef struct {
-    int T, H, HKV, D, mask;
+    int T, H, HKV, D, mask, dtype;
     float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    /* float16/bfloat16 storage of the same tensors (NULL for float32) */
+    uint16_t *hq, *hk, *hv, *hdout, *ho, *hdq, *hdk, *hdv;
 } problem_t;
 
-static void problem_init(problem_t *p, int T, int H, int HKV, int D, uint64_t seed) {
+static const char *dtype_name(int dt) {
+    return dt == RINGATTN_FLOAT16 ? "f16" : dt == RINGATTN_BFLOAT16 ? "bf16" : "f32";
+}
+
+/* float32 <-> float16/bfloat16, round to nearest even (NaN stays NaN) */
+static uint16_t to_half(float f, int dt) {
+    if (dt == RINGATTN_FLOAT16) {
+        const _Float16 h = (_Float16)f;
+        uint16_t u;
+        memcpy(&u, &h, 2);
+        return u;
+    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float from_half(uint16_t h, int dt) {
+    if (dt == RINGATTN_FLOAT16) {
+        _Float16 x;
+        memcpy(&x, &h, 2);
+        return (float)x;
+    }
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* n values of x stored in dt (a new array); with round, x itself becomes the stored values */
+static uint16_t *stored_copy(float *x, int64_t n, int dt, int round) {
+    uint16_t *h = xmalloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; ++i) {
+        h[i] = to_half(x[i], dt);
+        if (round) x[i] = from_half(h[i], dt);
+    }
+    return h;
+}
+
+static void from_stored(float *x, const uint16_t *h, int64_t n, int dt) {
+    for (int64_t i = 0; i < n; ++i) x[i] = from_half(h[i], dt);
+}
+
+/* SPEC 9 check's tolerance (forward, backward): float32's, or a few units of the dtype's
+   rounding u (the outputs are rounded to it; float32 accumulation adds little) */
+static double tolerance(int dt, int bwd) {
+    const double u = dt == RINGATTN_FLOAT16 ? 0x1p-11 : dt == RINGATTN_BFLOAT16 ? 0x1p-8 : 0.0;
+    if (u == 0.0) return bwd ? 1e-4 : 1e-5;
+    return (bwd ? 8.0 : 4.0) * u;
+}
+
+static void problem_init(problem_t *p, int T, int H, int HKV, int D, int dtype, uint64_t seed) {
     const int64_t nq = (int64_t)T * H * D, nk = (int64_t)T * HKV * D;
-    *p = (problem_t){T, H, HKV, D, MASK_NONE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    *p = (problem_t){.T = T, .H = H, .HKV = HKV, .D = D, .mask = MASK_NONE, .dtype = dtype};
     p->q = random_floats(nq, &seed);
     p->k = random_floats(nk, &seed);
     p->v = random_floats(nk, &seed);
@@ -108,11 +166,30 @@ static void problem_init(problem_t *p, int T, int H, int HKV, int D, uint64_t se
     p->dq = touched_floats(nq);
     p->dk = touched_floats(nk);
     p->dv = touched_floats(nk);
+    if (dtype == RINGATTN_FLOAT32) return;
+    p->hq = stored_copy(p->q, nq, dtype, 1), p->hdout = stored_copy(p->dout, nq, dtype, 1);
+    p->hk = stored_copy(p->k, nk, dtype, 1), p->hv = stored_copy(p->v, nk, dtype, 1);
+    p->ho = stored_copy(p->o, nq, dtype, 0), p->hdq = stored_copy(p->dq, nq, dtype, 0);
+    p->hdk = stored_copy(p->dk, nk, dtype, 0), p->hdv = stored_copy(p->dv, nk, dtype, 0);
+}
+
+/* The outputs of the last run (forward: O; backward: dQ, dK, dV) as float32 for the check. */
+static void outputs_to_f32(problem_t *p, int bwd) {
+    if (p->dtype == RINGATTN_FLOAT32) return;
+    const int64_t nq = (int64_t)p->T * p->H * p->D, nk = (int64_t)p->T * p->HKV * p->D;
+    if (!bwd) {
+        from_stored(p->o, p->ho, nq, p->dtype);
+        return;
+    }
+    from_stored(p->dq, p->hdq, nq, p->dtype);
+    from_stored(p->dk, p->hdk, nk, p->dtype), from_stored(p->dv, p->hdv, nk, p->dtype);
 }
 
 static void problem_free(problem_t *p) {
     free(p->q), free(p->k), free(p->v), free(p->o), free(p->lse);
     free(p->dout), free(p->dq), free(p->dk), free(p->dv);
+    free(p->hq), free(p->hk), free(p->hv), free(p->hdout);
+    free(p->ho), free(p->hdq), free(p->hdk), free(p->hdv);
 }
 
 /* ---------------------------------------------------------------- float64 reference, sampled rows */
@@ -254,16 +331,16 @@ static void record(const options_t *opt, result_t r) {
         results = realloc(results, sizeof(result_t) * (size_t)cap_results);
     }
     results[nresults++] = r;
-    printf("%6d %5d %4d %-8s %-7s %5d %7d %4s %10.2f %8.1f %5.1f %5d\n", r.seq, r.heads, r.dim,
-           mask_names[r.mask], r.naive ? "naive" : "contig", 1, r.threads, r.bwd ? "bwd" : "fwd",
+    printf("%6d %5d %4d %-5s %-8s %-7s %5d %7d %4s %10.2f %8.1f %5.1f %5d\n", r.seq, r.heads,
+           r.dim, dtype_name(r.dtype), mask_names[r.mask], r.naive ? "naive" : "contig", 1, r.threads, r.bwd ? "bwd" : "fwd",
            r.time_ms, r.gflops, r.eff, r.wrong);
     fflush(stdout);
     if (!json) return;
     fprintf(json,
-            "{\"type\":\"result\",\"seq\":%d,\"heads\":%d,\"kv_heads\":%d,\"dim\":%d,\"mask\":\"%s\","
+            "{\"type\":\"result\",\"seq\":%d,\"heads\":%d,\"kv_heads\":%d,\"dim\":%d,\"dtype\":\"%s\",\"mask\":\"%s\","
             "\"layout\":\"%s\",\"ranks\":1,\"threads\":%d,\"pass\":\"%s\",\"time_ms\":%.4f,"
             "\"gflops\":%.3f,\"eff_pct\":%.2f,\"rel_err\":%.3g,\"wrong\":%d}\n",
-            r.seq, r.heads, opt->kv_heads, r.dim, mask_names[r.mask], r.naive ? "naive" : "contig",
+            r.seq, r.heads, opt->kv_heads, r.dim, dtype_name(r.dtype), mask_names[r.mask], r.naive ? "naive" : "contig",
             r.threads, r.bwd ? "bwd" : "fwd", r.time_ms, r.gflops, r.eff, r.err, r.wrong);
 }
 
@@ -321,21 +398,21 @@ static int failures;
 
 static void report(const options_t *opt, const problem_t *p, const reference_t *ref, int threads,
                    int naive, int bwd, double secs) {
-    result_t r = {p->T, p->H, p->D, p->mask, threads, naive, bwd, 0, 0, 0, 0, 1};
+    result_t r = {p->T, p->H, p->D, p->dtype, p->mask, threads, naive, bwd, 0, 0, 0, 0, 1};
     if (secs >= 0) {
         const double flop = allowed_pairs(p->mask, p->T) * p->H * 4.0 * p->D * (bwd ? 2.5 : 1.0);
         r.time_ms = 1e3 * secs;
         r.gflops = flop / secs * 1e-9;
         r.eff = opt->cuda && !naive ? 0.0 : 100.0 * r.gflops / ceiling_for(threads);
         r.err = bwd ? backward_error(p, ref) : forward_error(ref, p->T, p->H, p->D, p->o, p->lse);
-        r.wrong = !(r.err <= (bwd ? 1e-4 : 1e-5)); /* SPEC 9, float32 */
+        r.wrong = !(r.err <= tolerance(p->dtype, bwd));
     } else {
         r.err = INFINITY;
     }
     if (r.wrong) {
         ++failures;
-        fprintf(stderr, "bench_local: WRONG: seq %d dim %d mask %s threads %d %s %s: rel err %.3g\n",
-                p->T, p->D, mask_names[p->mask], threads, naive ? "naive" : "ringattn",
+        fprintf(stderr, "bench_local: WRONG: seq %d dim %d %s mask %s threads %d %s %s: rel err %.3g\n",
+                p->T, p->D, dtype_name(p->dtype), mask_names[p->mask], threads, naive ? "naive" : "ringattn",
                 bwd ? "bwd" : "fwd", r.err);
     }
     record(opt, r);
@@ -385,6 +462,7 @@ static void bench_library(const options_t *opt, problem_t *p, const reference_t 
     ringattn_plan_desc_t desc = one_sequence_desc(cu, p->H, p->HKV, p->D, threads);
     if (opt->cuda) desc.backend = RINGATTN_BACKEND_CUDA, desc.num_threads = 0;
     desc.causal = p->mask != MASK_NONE;
+    desc.dtype = (ringattn_dtype_t)p->dtype;
     mask_window(p->mask, &desc.window_left, &desc.window_right);
     lib_ctx_t c = {NULL, RINGATTN_TENSORS_INIT, NULL};
     const ringattn_status_t st = ringattn_plan_create(NULL, &desc, &c.plan);
@@ -397,13 +475,22 @@ static void bench_library(const options_t *opt, problem_t *p, const reference_t 
     c.t.q.data = p->q, c.t.k.data = p->k, c.t.v.data = p->v, c.t.o.data = p->o;
     c.t.lse = p->lse, c.t.dout.data = p->dout;
     c.t.dq.data = p->dq, c.t.dk.data = p->dk, c.t.dv.data = p->dv;
+    if (p->hq) { /* float16/bfloat16 storage */
+        c.t.q.data = p->hq, c.t.k.data = p->hk, c.t.v.data = p->hv, c.t.o.data = p->ho;
+        c.t.dout.data = p->hdout, c.t.dq.data = p->hdq, c.t.dk.data = p->hdk, c.t.dv.data = p->hdv;
+    }
     if (opt->cuda) {
         bench_library_cuda(opt, p, ref, &c);
     } else {
         const double fwd = measure(opt, run_lib, &c, 0);
+        outputs_to_f32(p, 0);
         report(opt, p, ref, threads, 0, 0, fwd);
-        if (fwd >= 0) report(opt, p, ref, threads, 0, 1, measure(opt, run_lib, &c, 1));
+        if (fwd < 0) goto done;
+        const double bwd = measure(opt, run_lib, &c, 1);
+        outputs_to_f32(p, 1);
+        report(opt, p, ref, threads, 0, 1, bwd);
     }
+done:
     ringattn_plan_destroy(c.plan);
 }
 
@@ -421,7 +508,8 @@ static void bench_naive(const options_t *opt, problem_t *p, const reference_t *r
 static const result_t *find(int seq, int dim, int mask, int threads, int bwd) {
     for (int i = 0; i < nresults; ++i) {
         const result_t *r = &results[i];
-        if (!r->naive && r->seq == seq && r->dim == dim && r->mask == mask && r->threads == threads &&
+        if (!r->naive && r->dtype == RINGATTN_FLOAT32 && r->seq == seq && r->dim == dim &&
+            r->mask == mask && r->threads == threads &&
             r->bwd == bwd && r->time_ms > 0)
             return r;
     }
@@ -467,7 +555,7 @@ static void usage(void) {
         "usage: bench_local [--seq LIST|all] [--dim LIST] [--mask LIST] [--threads LIST]\n"
         "                   [--heads H] [--kv-heads HKV] [--reps N] [--budget SECONDS]\n"
         "                   [--sample ROWS] [--no-naive] [--quick] [--json FILE] [--no-json]\n"
-        "                   [--backend cpu|cuda]\n"
+        "                   [--backend cpu|cuda] [--dtype LIST]\n"
         "  LIST is comma-separated. --seq from 1024,2048,4096,8192,16384,32768 (any T works);\n"
         "  --dim 64,128; --mask none,causal,window (window = causal sliding window of %d);\n"
         "  --threads 1,all (numbers or 'all' = OpenMP's max threads).\n"
@@ -477,7 +565,9 @@ static void usage(void) {
         "  --budget 4 s is spent on one measurement; --sample 16 rows checked against float64.\n"
         "  --quick: T 1024,8192,32768 (32768 window only), D 128, all threads, 1 run (< 1 min).\n"
         "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n"
-        "  --backend cuda: the CUDA backend (one device: --threads is ignored).\n",
+        "  --backend cuda: the CUDA backend (one device: --threads is ignored).\n"
+        "  --dtype f32,f16,bf16 (default f32): the tensors' storage dtype (CPU backend; the\n"
+        "  naive rows and the tracked ratios are float32 only).\n",
         WINDOW);
 }
 
@@ -506,6 +596,13 @@ static int parse_mask(const char *s, int *v) {
     return 0;
 }
 
+static int parse_dtype(const char *s, int *v) {
+    const int all[] = {RINGATTN_FLOAT32, RINGATTN_FLOAT16, RINGATTN_BFLOAT16};
+    for (int i = 0; i < 3; ++i)
+        if (!strcmp(s, dtype_name(all[i]))) return *v = all[i], 1;
+    return 0;
+}
+
 static int parse_threads(const char *s, int *v) {
     if (!strcmp(s, "all")) return *v = omp_get_max_threads(), 1;
     return parse_int(s, v);
@@ -523,6 +620,7 @@ static int parse(int argc, char **argv, options_t *o) {
     o->heads = 2, o->kv_heads = 1, o->reps = 3, o->budget_s = 4.0;
     o->quad_max_seq[0] = 8192, o->quad_max_seq[1] = 16384;
     o->sample = 16, o->naive = 1;
+    o->ndtypes = 1, o->dtypes[0] = RINGATTN_FLOAT32;
     int seq_given = 0, dim_given = 0, threads_given = 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -546,6 +644,7 @@ static int parse(int argc, char **argv, options_t *o) {
         else if (!strcmp(a, "--sample")) ok = parse_int(v, &o->sample);
         else if (!strcmp(a, "--budget")) o->budget_s = atof(v);
         else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--dtype")) ok = parse_list(v, o->dtypes, &o->ndtypes, parse_dtype);
         else if (!strcmp(a, "--backend")) ok = v && (!strcmp(v, "cpu") || !strcmp(v, "cuda")), o->cuda = ok && !strcmp(v, "cuda");
         else { fprintf(stderr, "bench_local: unknown flag %s\n", a); return 0; }
         if (!ok) { fprintf(stderr, "bench_local: %s: bad value '%s' (see --help)\n", a, v); return 0; }
@@ -558,6 +657,12 @@ static int parse(int argc, char **argv, options_t *o) {
         o->quad_max_seq[0] = o->quad_max_seq[1] = 8192;
     }
     if (seq_given) o->quad_max_seq[0] = o->quad_max_seq[1] = 0;
+    for (int i = 0; i < o->ndtypes && o->cuda; ++i)
+        if (o->dtypes[i] != RINGATTN_FLOAT32) {
+            fprintf(stderr, "bench_local: --dtype %s: --backend cuda runs float32 only here\n",
+                    dtype_name(o->dtypes[i]));
+            return 0;
+        }
     if (o->heads % o->kv_heads) {
         fprintf(stderr, "bench_local: --heads %d is not a multiple of --kv-heads %d\n", o->heads, o->kv_heads);
         return 0;
@@ -605,27 +710,30 @@ int main(int argc, char **argv) {
                       "\"sgemm_128_1t_gflops\":%.3f}\n",
                 ringattn_version_string(), backend, max_threads, c1, cn, tile);
     }
-    printf("%6s %5s %4s %-8s %-7s %5s %7s %4s %10s %8s %5s %5s\n", "seq", "heads", "dim", "mask",
+    printf("%6s %5s %4s %-5s %-8s %-7s %5s %7s %4s %10s %8s %5s %5s\n", "seq", "heads", "dim",
+           "dtype", "mask",
            "layout", "ranks", "threads", "pass", "time_ms", "GFLOP/s", "eff%", "wrong");
 
     uint64_t seed = 42;
     for (int si = 0; si < opt.nseqs; ++si)
-        for (int di = 0; di < opt.ndims; ++di) {
-            const int T = opt.seqs[si], D = opt.dims[di];
+        for (int di = 0; di < opt.ndims * opt.ndtypes; ++di) {
+            const int T = opt.seqs[si], D = opt.dims[di / opt.ndtypes];
+            const int dt = opt.dtypes[di % opt.ndtypes];
             int any = 0; /* skip the allocation when every run is skipped at this T */
             for (int mi = 0; mi < opt.nmasks; ++mi)
                 for (int ti = 0; ti < opt.nthreads; ++ti) any |= !skipped(&opt, T, opt.masks[mi], opt.threads[ti]);
             if (!any) continue;
             problem_t p;
-            problem_init(&p, T, opt.heads, opt.kv_heads, D, seed++);
+            problem_init(&p, T, opt.heads, opt.kv_heads, D, dt, seed++);
             for (int mi = 0; mi < opt.nmasks; ++mi) {
                 p.mask = opt.masks[mi];
-                int runs = opt.naive && T == NAIVE_SEQ;
+                const int naive = opt.naive && T == NAIVE_SEQ && dt == RINGATTN_FLOAT32;
+                int runs = naive;
                 for (int ti = 0; ti < opt.nthreads; ++ti) runs += !skipped(&opt, T, p.mask, opt.threads[ti]);
                 if (!runs) continue;
                 reference_t ref;
                 reference_init(&ref, &p, opt.sample, seed++);
-                if (opt.naive && T == NAIVE_SEQ) bench_naive(&opt, &p, &ref);
+                if (naive) bench_naive(&opt, &p, &ref);
                 for (int ti = 0; ti < opt.nthreads; ++ti)
                     if (!skipped(&opt, T, p.mask, opt.threads[ti])) bench_library(&opt, &p, &ref, opt.threads[ti]);
                 reference_free(&ref);
