@@ -185,11 +185,12 @@ static inline double dq_error(const reference_t *r, int H, int D, const float *d
 
 /* ---------------------------------------------------------------- banner and JSON lines */
 
-/* "# BLAS: <config> (kernels: <core>)", then, when OpenBLAS chose generic kernels on a CPU with
+/* "# CPU kernels: <ringattn's element-wise ISA>", "# BLAS: <config> (kernels: <core>)", then, when OpenBLAS chose generic kernels on a CPU with
    AVX2 or AVX-512, `warning`: a printf format of three %s, the kernels, the CPU's ISA and the
    OPENBLAS_CORETYPE that fits it. */
 static inline void print_blas(const char *warning) {
     const char *core = openblas_get_corename();
+    printf("# CPU kernels: %s\n", ringattn_cpu_kernels());
     printf("# BLAS: %s (kernels: %s)\n", openblas_get_config(), core);
     const int generic = !strcmp(core, "Prescott") || !strcmp(core, "Core2") ||
                         !strcmp(core, "Penryn") || !strcmp(core, "Nehalem") || !strcmp(core, "Dunnington");

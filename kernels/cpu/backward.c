@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/host_stream.h"
 #include "kernels/cpu/backward.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
 
 ra_q_side ra__load_q_side(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
@@ -39,7 +40,7 @@ ra_q_side ra__load_q_side(const ra_kernel_params *p, const ra_bwd_io *io, ra_thr
  * reads it), and SPEC 9's P = exp(s - shift) * scale: shift = LSE and scale = 1,
  * or, where LSE is lossy and the row's stats were recomputed, shift = m and scale = 1 / l.
  */
-static void prologue_rows(const ra_kernel_params *p, const ra_bwd_prologue_io *io,
+RA_CPU_CLONES static void prologue_rows(const ra_kernel_params *p, const ra_bwd_prologue_io *io,
                           ra_thread_ws *w, int h, int64_t qrow, int nq)
 {
     const int Dv = p->head_dim_v;
@@ -96,7 +97,7 @@ static void row_probs(float *restrict ps, float *restrict dz, int nk, float shif
     }
 }
 
-void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
+RA_CPU_CLONES void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
                     const ra_q_side *qd, const float *v, int64_t ldv, float *dbias)
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
@@ -120,7 +121,7 @@ void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
 }
 
 /* a[i] += b[i], i < n */
-static void add_floats(float *restrict a, const float *restrict b, size_t n)
+RA_CPU_CLONES static void add_floats(float *restrict a, const float *restrict b, size_t n)
 {
     for (size_t i = 0; i < n; ++i) a[i] += b[i];
 }

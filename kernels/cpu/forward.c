@@ -11,13 +11,15 @@
 #include "base/error.h"
 #include "base/host_stream.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
 
 /*
  * SPEC 4 on the rows of one tile: s becomes p = exp(s - m_new) in place. A row that has seen no
  * allowed key yet (guard) keeps its state and gets p = 0, so the PV product adds nothing.
  */
-static void softmax_tile(float *s, int nq, int nk, float *m, float *l, float *acc, int dv)
+RA_CPU_CLONES static void softmax_tile(float *s, int nq, int nk, float *m, float *l, float *acc,
+                                       int dv)
 {
     for (int i = 0; i < nq; ++i) {
         float *row = s + (size_t)i * nk;

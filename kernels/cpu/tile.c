@@ -5,9 +5,10 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 #include "masks/topk.h"
 
-const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
+RA_CPU_CLONES const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, int n, int h,
                            int dim, float *buf, int64_t *ld)
 {
     if (dt == RINGATTN_FLOAT32) {
@@ -20,7 +21,7 @@ const float *ra__tile_load(const ra_view *v, ringattn_dtype_t dt, int64_t row0, 
     return buf;
 }
 
-void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
+RA_CPU_CLONES void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int accumulate, int64_t row0, int n,
                     int h, int dim, const float *src, int64_t ld)
 {
     for (int i = 0; i < n; ++i) {
@@ -100,7 +101,7 @@ void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view
     batch_load(v, p->dtype, b, g, p->head_dim_v, vb);
 }
 
-void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
+RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
                       const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
                       float *tanh_s, const ra_tile_dyn *dyn)
 {
@@ -161,7 +162,7 @@ int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t 
     return !(bmax < tmin);
 }
 
-void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
+RA_CPU_CLONES void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
                      int64_t delta, ra_block_kind kind, const int32_t *row_begin,
                      const int32_t *row_end, const ra_qtile *q, const float *k, int64_t ldk,
                      float *s, float *tanh_s, const struct ra_tile_dyn *dyn)

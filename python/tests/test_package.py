@@ -20,6 +20,23 @@ def test_version_is_the_c_librarys():
         assert os.path.dirname(ringattn.library_path()) == os.path.dirname(ringattn.__file__)
 
 
+def test_cpu_kernels_follow_this_cpu():
+    # the wheel is built without -march=native: its element-wise loops pick the CPU's level
+    if "RINGATTN_LIBRARY" in os.environ:
+        pytest.skip("a library built elsewhere (RINGATTN_LIBRARY)")
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    v4 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= flags
+    v3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"} <= flags
+    want = "x86-64-v4" if v4 and v3 else "x86-64-v3" if v3 else "x86-64 "
+    assert ringattn.cpu_kernels().startswith(want), ringattn.cpu_kernels()
+    assert "chosen at run time" in ringattn.cpu_kernels()
+
+
 def test_numpy_forward_backward_and_plan_info():
     rng = np.random.default_rng(0)
     plan = ringattn.Plan([0, 30, 44], 4, 16, num_kv_heads=2, causal=True, window=(9, -1))

@@ -53,8 +53,9 @@ void ra__plan_log(const struct ringattn_plan *p)
     const ra_kernel_params *k = &p->kp;
     ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
     info_fill(p, &info);
-    ra__log(RA_LOG_INFO, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s",
-            ringattn_version_string(), p->be->name, p->ranks, layouts[p->layout]);
+    ra__log(RA_LOG_INFO, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s; cpu kernels: %s",
+            ringattn_version_string(), p->be->name, p->ranks, layouts[p->layout],
+            ringattn_cpu_kernels());
     ra__log(RA_LOG_INFO, p->rank, p->ranks,
             "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
             "(%lld, %lld), scale %g, softcap %g, alibi %s",

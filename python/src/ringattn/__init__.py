@@ -14,6 +14,13 @@ from .core import Comm, Plan
 
 __version__ = _lib().ringattn_version_string().decode()
 
+
+def cpu_kernels():
+    """The instruction set the CPU backend's element-wise loops run on, in words: the wheel
+    picks it when the library loads (x86-64-v4, v3 or baseline)."""
+    return _lib().ringattn_cpu_kernels().decode()
+
+
 __all__ = ["Comm", "Plan", "RingattnError", "InvalidArgumentError", "UsageError",
            "UnsupportedError", "CommError", "CudaError", "OutOfMemory", "library_path",
-           "__version__"]
+           "cpu_kernels", "__version__"]

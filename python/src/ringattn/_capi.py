@@ -136,6 +136,7 @@ _PROTOTYPES = {
     "ringattn_last_error": (ctypes.c_char_p, []),
     "ringattn_version": (ctypes.c_int, []),
     "ringattn_version_string": (ctypes.c_char_p, []),
+    "ringattn_cpu_kernels": (ctypes.c_char_p, []),
     "ringattn_comm_create_threads": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_P)]),
     "ringattn_comm_create_threads_device": (ctypes.c_int,
                                             [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
