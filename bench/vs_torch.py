@@ -113,6 +113,8 @@ def main():
     args = ap.parse_args()
     print("# ringattn %s (%s) vs torch %s CPU SDPA; best of %d interleaved runs; window = %d" %
           (ringattn.__version__, ringattn.library_path(), torch.__version__, args.reps, WINDOW))
+    print("# ringattn CPU kernels: %s; torch CPU capability: %s" %
+          (ringattn.cpu_kernels(), torch.backends.cpu.get_cpu_capability()))
     print("%6s %2s %3s %4s %7s %5s %3s %7s %12s %10s %8s %9s" % (
         "T", "H", "Hkv", "D", "mask", "dtype", "thr", "pass", "ringattn_ms", "torch_ms",
         "speedup", "max_diff"))
