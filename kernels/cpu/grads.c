@@ -34,7 +34,8 @@ static void zero_sequence_rows(const ra_kernel_params *p, const ra_bwd_io *io,
     }
 }
 
-/* dQ += scale dZ K, and dK, dV of a tile's nk keys (K, V rows at k, v) into rows dk, dv. */
+/* dQ += scale dZ K (the nk keys' K rows at k), and their dV = P^T dO, dK = scale dZ^T Q added
+   to rows dk, dv (beta 1) or written there (beta 0). */
 static void pair_products(const ra_kernel_params *p, ra_thread_ws *w, const ra_q_side *qd,
                           int nq, int nk, const float *k, int64_t ldk, float *dk, float *dv,
                           float beta)
