@@ -120,12 +120,6 @@ RA_CPU_CLONES void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, in
     }
 }
 
-/* a[i] += b[i], i < n */
-RA_CPU_CLONES static void add_floats(float *restrict a, const float *restrict b, size_t n)
-{
-    for (size_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
 /* Key tile rows [krow, krow + nk) of kv head g: the slots summed in range order (into slot 0),
    stored into dK, dV. */
 static void sum_key_tile(const ra_kernel_params *p, const ra_bwd_io *io, const ra_bwd_parts *s,
@@ -135,8 +129,8 @@ static void sum_key_tile(const ra_kernel_params *p, const ra_bwd_io *io, const r
     const int64_t tk = io->keys->rows;
     float *dk = ra__bwd_slot_dk(s, 0, g, tk) + krow * D, *dv = ra__bwd_slot_dv(s, 0, g, tk) + krow * Dv;
     for (int j = 1; j < s->ranges; ++j) {
-        add_floats(dk, ra__bwd_slot_dk(s, j, g, tk) + krow * D, (size_t)nk * D);
-        add_floats(dv, ra__bwd_slot_dv(s, j, g, tk) + krow * Dv, (size_t)nk * Dv);
+        ra__cpu_add_floats(dk, ra__bwd_slot_dk(s, j, g, tk) + krow * D, (size_t)nk * D);
+        ra__cpu_add_floats(dv, ra__bwd_slot_dv(s, j, g, tk) + krow * Dv, (size_t)nk * Dv);
     }
     ra__tile_store(io->dk, p->dtype, io->accumulate, krow, nk, g, D, dk, D);
     ra__tile_store(io->dv, p->dtype, io->accumulate, krow, nk, g, Dv, dv, Dv);
@@ -154,7 +148,7 @@ static void sum_key_tile_dbias(const ra_kernel_params *p, const ra_bwd_io *io,
         float *db = ra__bwd_slot_db(s, 0, hb * per, tk) + krow;
         for (int j = 0; j < s->ranges; ++j)
             for (int r = hb * per + (j == 0); r < (hb + 1) * per; ++r)
-                add_floats(db, ra__bwd_slot_db(s, j, r, tk) + krow, (size_t)nk);
+                ra__cpu_add_floats(db, ra__bwd_slot_db(s, j, r, tk) + krow, (size_t)nk);
         ra__tile_store(&out, RINGATTN_FLOAT32, io->accumulate, krow, 1, hb, nk, db, nk);
     }
 }

@@ -74,6 +74,8 @@ void ra__cpu_free(void *ptr);
 ringattn_status_t ra__cpu_zero(void *dst, size_t bytes, void *stream);
 ringattn_status_t ra__cpu_copy(const ra_copy *c, void *stream);
 ringattn_status_t ra__cpu_add_f32(float *dst, const float *src, size_t n, void *stream);
+/* dst[i] += src[i], i < n (the backend op above, and the backward's partial sums) */
+void ra__cpu_add_floats(float *restrict dst, const float *restrict src, size_t n);
 ringattn_status_t ra__cpu_move(void *dst, const void *src, size_t bytes, void *stream);
 ringattn_status_t ra__cpu_scan(struct ra_workspace *ws, const ra_kernel_params *p,
                                const ra_scan_io *io, ra_scan *out);

@@ -62,10 +62,8 @@ static void batch_pair(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
     ra__tile_grads(p, w, nq, b->n, qd, w->vb, Dv, t->db ? w->dbt : NULL);
     pair_products(p, w, qd, nq, b->n, w->kb, D, w->dkt, w->dvt, 0.0f);
     for (int c = 0; c < b->n; ++c) {
-        float *restrict dk = t->dk + b->row[c] * D, *restrict dv = t->dv + b->row[c] * Dv;
-        const float *restrict sk = w->dkt + (size_t)c * D, *restrict sv = w->dvt + (size_t)c * Dv;
-        for (int e = 0; e < D; ++e) dk[e] += sk[e];
-        for (int e = 0; e < Dv; ++e) dv[e] += sv[e];
+        ra__cpu_add_floats(t->dk + b->row[c] * D, w->dkt + (size_t)c * D, (size_t)D);
+        ra__cpu_add_floats(t->dv + b->row[c] * Dv, w->dvt + (size_t)c * Dv, (size_t)Dv);
         if (t->db) t->db[b->row[c]] += w->dbt[c];
     }
 }

@@ -10,6 +10,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
 
 ringattn_status_t ra__cpu_alloc(size_t bytes, void **ptr)
@@ -53,10 +54,15 @@ ringattn_status_t ra__cpu_copy(const ra_copy *c, void *stream)
     return RINGATTN_SUCCESS;
 }
 
+RA_CPU_CLONES void ra__cpu_add_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 ringattn_status_t ra__cpu_add_f32(float *dst, const float *src, size_t n, void *stream)
 {
     (void)stream;
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+    ra__cpu_add_floats(dst, src, n);
     return RINGATTN_SUCCESS;
 }
 
