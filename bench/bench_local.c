@@ -106,44 +106,18 @@ static const char *dtype_name(int dt) {
     return dt == RINGATTN_FLOAT16 ? "f16" : dt == RINGATTN_BFLOAT16 ? "bf16" : "f32";
 }
 
-/* float32 <-> float16/bfloat16, round to nearest even (NaN stays NaN) */
-static uint16_t to_half(float f, int dt) {
-    if (dt == RINGATTN_FLOAT16) {
-        const _Float16 h = (_Float16)f;
-        uint16_t u;
-        memcpy(&u, &h, 2);
-        return u;
-    }
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float from_half(uint16_t h, int dt) {
-    if (dt == RINGATTN_FLOAT16) {
-        _Float16 x;
-        memcpy(&x, &h, 2);
-        return (float)x;
-    }
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* n values of x stored in dt (a new array); with round, x itself becomes the stored values */
 static uint16_t *stored_copy(float *x, int64_t n, int dt, int round) {
     uint16_t *h = xmalloc(sizeof(uint16_t) * (size_t)n);
     for (int64_t i = 0; i < n; ++i) {
-        h[i] = to_half(x[i], dt);
-        if (round) x[i] = from_half(h[i], dt);
+        h[i] = half_from_float(x[i], dt);
+        if (round) x[i] = float_from_half(h[i], dt);
     }
     return h;
 }
 
 static void from_stored(float *x, const uint16_t *h, int64_t n, int dt) {
-    for (int64_t i = 0; i < n; ++i) x[i] = from_half(h[i], dt);
+    for (int64_t i = 0; i < n; ++i) x[i] = float_from_half(h[i], dt);
 }
 
 /* SPEC 9 check's tolerance (forward, backward): float32's, or a few units of the dtype's

@@ -66,9 +66,7 @@ static void to_dtype(const float *x, int64_t n, int bf16, unsigned char *out) {
             memcpy(out + 4 * i, &x[i], 4);
             continue;
         }
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        const uint16_t h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* to nearest even */
+        const uint16_t h = half_from_float(x[i], RINGATTN_BFLOAT16);
         memcpy(out + 2 * i, &h, 2);
     }
 }
@@ -81,9 +79,7 @@ static float from_dtype(const unsigned char *p, int64_t i, int bf16) {
     }
     uint16_t h;
     memcpy(&h, p + 2 * i, 2);
-    const uint32_t u = (uint32_t)h << 16;
-    memcpy(&f, &u, 4);
-    return f;
+    return float_from_half(h, RINGATTN_BFLOAT16);
 }
 
 static unsigned char *random_rows(int64_t n, int bf16, uint64_t *seed) {

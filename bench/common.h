@@ -91,6 +91,32 @@ static inline ringattn_plan_desc_t one_sequence_desc(const int32_t cu[2], int H,
     return d;
 }
 
+/* float32 <-> float16 (dt RINGATTN_FLOAT16) or bfloat16 (else), round to nearest even, NaN kept */
+static inline uint16_t half_from_float(float f, int dt) {
+    if (dt == RINGATTN_FLOAT16) {
+        const _Float16 h = (_Float16)f;
+        uint16_t u;
+        memcpy(&u, &h, 2);
+        return u;
+    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float float_from_half(uint16_t h, int dt) {
+    if (dt == RINGATTN_FLOAT16) {
+        _Float16 x;
+        memcpy(&x, &h, 2);
+        return (float)x;
+    }
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* ---------------------------------------------------------------- float64 reference, sampled rows */
 
 /* Row n of nrows sampled out of T: all of them when nrows == T, else the first, the last, then
