@@ -7,7 +7,8 @@
 //   test_golden FILE            compare with FILE (exit 0 equal, 1 different, 77 skipped)
 //   test_golden FILE --record   write FILE from this build
 //
-// Bits depend on the machine as well as the code (-march=native, OpenBLAS's kernel choice), so
+// Bits depend on the machine and the build as well as the code (-march=native, OpenBLAS's kernel
+// choice, which loops the build type vectorises), so
 // FILE starts with the fingerprint of the machine it was recorded on; elsewhere the test is
 // skipped (ctest SKIP_RETURN_CODE 77) and says why. Inputs come from a generator of its own
 // (splitmix64), so the test does not depend on the other tests' support code.
@@ -389,6 +390,7 @@ std::string fingerprint()
       << " fma=" << (__builtin_cpu_supports("fma") ? 1 : 0)
       << " avx512f=" << (__builtin_cpu_supports("avx512f") ? 1 : 0);
 #endif
+    f << " build=" << RA_GOLDEN_BUILD;
     return f.str();
 }
 
