@@ -1,6 +1,7 @@
 #include "support/tensor.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace ratest {
@@ -205,7 +206,9 @@ void fill_normal(TView &v, std::mt19937_64 &rng, double sigma)
 
 uint64_t seed_for(const char *name, uint64_t index)
 {
+    static const char *salt = std::getenv("RATEST_SEED");
     uint64_t h = 1469598103934665603ull; // FNV-1a
+    for (const char *p = salt ? salt : ""; *p; ++p) h = (h ^ (unsigned char)*p) * 1099511628211ull;
     for (const char *p = name; *p; ++p) h = (h ^ (unsigned char)*p) * 1099511628211ull;
     h ^= index + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return h;

@@ -89,7 +89,8 @@ bool padding_unchanged(const std::vector<unsigned char> &before,
 // Random fill: normal(0, sigma) rounded to the view's dtype.
 void fill_normal(TView &v, std::mt19937_64 &rng, double sigma = 1.0);
 
-// Seed derived from a test name and a case index (fixed per case, different between cases).
+// Seed derived from a test name and a case index (fixed per case, different between cases;
+// RATEST_SEED=any string draws another fixed set, to search the inputs for a failing case).
 uint64_t seed_for(const char *name, uint64_t index);
 
 } // namespace ratest
