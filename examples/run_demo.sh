@@ -23,19 +23,18 @@ bash cmake/install-deps.sh
 cmake -S . -B build "${options[@]}"
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target ringattn_examples
 # Debian's OpenBLAS 0.3.21 falls back to its generic Prescott kernels on CPUs it does not
-# recognise (some virtual machines report a generic model), several times slower. Unless the
-# caller chose, pick the kernels matching the CPU's ISA when that happened.
+# recognise (some virtual machines report a generic model), several times slower, and to its
+# AVX2 kernels on AVX-512 CPUs it does not know (AMD Zen 4 and 5), 2x slower. Unless the caller
+# chose, pick the kernels matching the CPU's ISA when that happened.
 if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
     core="$(OPENBLAS_VERBOSE=2 build/examples/local_attention --help 2>&1 | sed -n 's/^Core: //p')"
-    if [[ "$core" == Prescott ]]; then
-        if grep -qw avx512f /proc/cpuinfo; then
-            export OPENBLAS_CORETYPE=SkylakeX
-        elif grep -qw avx2 /proc/cpuinfo; then
-            export OPENBLAS_CORETYPE=Haswell
-        fi
-        if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then
-            echo "run_demo: OpenBLAS chose Prescott kernels; using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
-        fi
+    if grep -qw avx512f /proc/cpuinfo && [[ "$core" =~ ^(Prescott|Haswell|Zen)$ ]]; then
+        export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo && [[ "$core" == Prescott ]]; then
+        export OPENBLAS_CORETYPE=Haswell
+    fi
+    if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then
+        echo "run_demo: OpenBLAS chose its $core kernels; using OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
     fi
 fi
 # mpirun hands its environment to the ranks it starts on this machine; -x also exports the

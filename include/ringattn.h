@@ -55,7 +55,9 @@ RINGATTN_API const char *ringattn_last_error(void);
 RINGATTN_API int ringattn_version(void);
 RINGATTN_API const char *ringattn_version_string(void);
 /* The instruction set the CPU backend's element-wise loops run on in this process, in words (a
-   build with RINGATTN_NATIVE=OFF picks it at load time; the tile products are BLAS's own). */
+   build with RINGATTN_NATIVE=OFF picks it at load time), and what bfloat16 plans' tile
+   products run on (AVX512-BF16 micro-kernels where the CPU has them; float32 products are
+   BLAS's own). */
 RINGATTN_API const char *ringattn_cpu_kernels(void);
 
 typedef enum ringattn_dtype {

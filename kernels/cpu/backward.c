@@ -9,7 +9,6 @@
  * of threads (SPEC 9). Memory: the slots, ranges x (H_kv x key rows x (D + D_v) + dBias rows)
  * floats, plus O(threads x tile); the prologue's three values per query row and head.
  */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -100,8 +99,8 @@ static void row_probs(float *restrict ps, float *restrict dz, int nk, float shif
 RA_CPU_CLONES void ra__tile_grads(const ra_kernel_params *p, ra_thread_ws *w, int nq, int nk,
                     const ra_q_side *qd, const float *v, int64_t ldv, float *dbias)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim_v, 1.0f, qd->dout,
-                (int)qd->lddo, v, (int)ldv, 0.0f, w->dp, nk);
+    ra__cpu_gemm(w, RA_BF16, 0, 1, nq, nk, p->head_dim_v, 1.0f, qd->dout, qd->lddo, v, ldv, 0.0f,
+                 w->dp, nk);
     for (int i = 0; i < nq; ++i) {
         float *ps = w->s + (size_t)i * nk, *dz = w->dp + (size_t)i * nk;
         if (ra__lse_is_empty(qd->lse[i])) { /* a row with no allowed key contributes nothing */

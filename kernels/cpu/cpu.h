@@ -1,6 +1,7 @@
 /*
  * CPU backend internals: per-thread tile workspace, tile loads/stores, logits of a tile and a
- * vectorisable exp. Tiles never cross a sequence; tile products go through BLAS (sgemm).
+ * vectorisable exp. Tiles never cross a sequence; tile products go through ra__cpu_gemm (BLAS
+ * sgemm, or bfloat16 micro-kernels).
  */
 #ifndef RINGATTN_KERNELS_CPU_CPU_H
 #define RINGATTN_KERNELS_CPU_CPU_H
@@ -33,6 +34,8 @@ typedef struct ra_thread_ws {
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
     /* the backward prologue's results, [H, query rows], shared by every thread */
     float *drow, *pshift, *pscale;
+    int bf16;                    /* tile products in bfloat16 (bf16_gemm.c), into: */
+    uint32_t *pack_a, *pack_b;   /* packed operands (NULL when bf16 is 0) */
 } ra_thread_ws;
 
 /* The tiles of a shard: every segment cut into tiles of `block` rows. */
@@ -134,6 +137,7 @@ typedef struct ra_qtile {
     const float *data;
     int64_t ld;
     float alpha;
+    int exact; /* data is Q as stored (not scaled): its bfloat16 rounding is exact */
 } ra_qtile;
 
 /* nq rows of Q (row stride ldq) as a logits operand: as they are, or scale * Q in buf. */
@@ -191,7 +195,7 @@ void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view
  * h into s [nq, b->n], with the window, ALiBi and top-k checked per element from the keys'
  * positions.
  */
-void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
+void ra__batch_logits(const ra_kernel_params *p, ra_thread_ws *w, int h, const ra_span *qs,
                       const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
                       float *tanh_s, const ra_tile_dyn *dyn);
 
@@ -201,10 +205,11 @@ void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
  * -inf outside each row's allowed interval when kind is PARTIAL; with dyn, + the keys' bias
  * (SPEC 6; a selection goes through ra__batch_logits instead).
  */
-void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
-                     int64_t delta, ra_block_kind kind, const int32_t *row_begin,
-                     const int32_t *row_end, const ra_qtile *q, const float *k, int64_t ldk,
-                     float *s, float *tanh_s, const struct ra_tile_dyn *dyn);
+void ra__tile_logits(const ra_kernel_params *p, ra_thread_ws *w, int h, const ra_span *qs,
+                     const ra_span *ks, int64_t delta, ra_block_kind kind,
+                     const int32_t *row_begin, const int32_t *row_end, const ra_qtile *q,
+                     const float *k, int64_t ldk, float *s, float *tanh_s,
+                     const struct ra_tile_dyn *dyn);
 
 /*
  * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL
@@ -275,6 +280,39 @@ static inline float ra__exp(float x)
     sc.u = (tb.u - 0x4B400000u + 127u) << 23; /* 2^n: n in [-126, 127] unless x is NaN */
     return x < -87.3f ? 0.0f : y * sc.f;      /* NaN: y is NaN */
 }
+
+/*
+ * How a tile product may round its operands to bfloat16 (SPEC 9: at most 2x the error of a
+ * plain implementation, which keeps P and dS in float32):
+ *   RA_F32:          not at all: float32 products (an operand that is not bfloat16-exact
+ *                    and whose rounding SPEC 9 does not allow: scale * Q);
+ *   RA_BF16:         operands bfloat16-exact (Q, K, V, dO as stored);
+ *   RA_BF16_SPLIT_A: A in two bfloat16 parts, its high part and what that lost (P and dS:
+ *                    rounded once, the tests' gradients came out at up to 1.41x the limit, in
+ *                    dK through D_i = dO . O and O's error); twice the work of RA_BF16, as
+ *                    much as a float32 product.
+ */
+typedef enum ra_rounding { RA_F32 = 0, RA_BF16 = 1, RA_BF16_SPLIT_A = 2 } ra_rounding;
+
+/*
+ * A tile product as cblas_sgemm computes it, row-major: C [M, N] = alpha op(A) op(B) + beta C,
+ * op(X) = X^T where trans_x, beta 0 or 1: with bfloat16 operands and float32 accumulation
+ * (bf16_gemm.c) where the thread's w->bf16 is set and `rounding` allows, else sgemm.
+ */
+void ra__cpu_gemm(ra_thread_ws *w, ra_rounding rounding, int trans_a, int trans_b, int M,
+                  int N, int K, float alpha, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc);
+/* The bfloat16 products (w->pack_a, w->pack_b hold ra__gemm_bf16_words for the largest
+   dimension; split_a: RA_BF16_SPLIT_A) and whether this CPU runs them (AVX512-BF16). */
+void ra__gemm_bf16(ra_thread_ws *w, int split_a, int trans_a, int trans_b, int M, int N, int K,
+                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                   float beta, float *C, int64_t ldc);
+int ra__gemm_bf16_supported(void);
+/* Words of w->pack_a (operand_b 0, room for a split A) or w->pack_b for products whose M, N
+   and K are at most max_dim. */
+size_t ra__gemm_bf16_words(int max_dim, int operand_b);
+/* Whether a plan of dtype dt takes the bfloat16 products here (RINGATTN_CPU_BF16=0: never). */
+int ra__cpu_bf16_products(ringattn_dtype_t dt);
 
 /* BLAS runs single-threaded inside our OpenMP passes (the caller's setting is restored). */
 void ra__cpu_blas_single_thread_begin(int *saved);

@@ -6,7 +6,6 @@
  * of its rows; its dK, dV (and dBias) go into its own partial slot (backward.h), which the
  * call sums over the ranges in range order afterwards.
  */
-#include <cblas.h>
 #include <omp.h>
 #include <string.h>
 
@@ -41,12 +40,10 @@ static void pair_products(const ra_kernel_params *p, ra_thread_ws *w, const ra_q
                           float beta)
 {
     const int D = p->head_dim, Dv = p->head_dim_v;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, p->scale, w->dp, nk, k,
-                (int)ldk, 1.0f, w->acc, D);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, Dv, nq, 1.0f, w->s, nk, qd->dout,
-                (int)qd->lddo, beta, dv, Dv);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, p->scale, w->dp, nk, qd->q,
-                (int)qd->ldq, beta, dk, D);
+    const ra_rounding r = RA_BF16_SPLIT_A; /* P and dS: see ra_rounding */
+    ra__cpu_gemm(w, r, 0, 0, nq, D, nk, p->scale, w->dp, nk, k, ldk, 1.0f, w->acc, D);
+    ra__cpu_gemm(w, r, 1, 0, nk, Dv, nq, 1.0f, w->s, nk, qd->dout, qd->lddo, beta, dv, Dv);
+    ra__cpu_gemm(w, r, 1, 0, nk, D, nq, p->scale, w->dp, nk, qd->q, qd->ldq, beta, dk, D);
 }
 
 /* A gathered batch of keys (SPEC 6 selection): its sums computed apart, then added to the
@@ -57,7 +54,7 @@ static void batch_pair(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, h, qs, b, &qd->logits_q, w->kb, w->s, ra__tanh_buf(p, w), sel);
+    ra__batch_logits(p, w, h, qs, b, &qd->logits_q, w->kb, w->s, ra__tanh_buf(p, w), sel);
     if (t->db) memset(w->dbt, 0, (size_t)b->n * sizeof *w->dbt);
     ra__tile_grads(p, w, nq, b->n, qd, w->vb, Dv, t->db ? w->dbt : NULL);
     pair_products(p, w, qd, nq, b->n, w->kb, D, w->dkt, w->dvt, 0.0f);
@@ -87,7 +84,7 @@ static void query_tile(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
         const int64_t kr = kp.krow;
         const float *k = ra__tile_load(io->k, p->dtype, kr, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, kr, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
+        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
                         &qd.logits_q, k, ldk, w->s, ra__tanh_buf(p, w), kp.use);
         ra__tile_grads(p, w, nq, nk, &qd, v, ldv, t->db ? t->db + kr : NULL);
         pair_products(p, w, &qd, nq, nk, k, ldk, t->dk + kr * D, t->dv + kr * Dv, 1.0f);

@@ -1,8 +1,12 @@
-/* Which instruction set the CPU kernels' element-wise loops run on (isa.h). */
+/* Which instruction set the CPU kernels run on (isa.h), and their bfloat16 products. */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
 #include "ringattn.h"
 
-const char *ringattn_cpu_kernels(void)
+static const char *element_loops(void)
 {
 #if defined(RINGATTN_CPU_DISPATCH)
     /* the order target_clones' resolver tries them in: the highest level the CPU supports */
@@ -15,4 +19,22 @@ const char *ringattn_cpu_kernels(void)
 #else
     return "the compiler's default target (no runtime dispatch)";
 #endif
+}
+
+static char kernels[160];
+
+static void describe(void)
+{
+    snprintf(kernels, sizeof kernels, "%s; bfloat16 tile products: %s", element_loops(),
+             ra__cpu_bf16_products(RINGATTN_BFLOAT16)
+                 ? "AVX512-BF16"
+                 : (ra__gemm_bf16_supported() ? "float32 sgemm (RINGATTN_CPU_BF16=0)"
+                                              : "float32 sgemm (no AVX512-BF16)"));
+}
+
+const char *ringattn_cpu_kernels(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, describe);
+    return kernels;
 }

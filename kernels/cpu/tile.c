@@ -1,5 +1,4 @@
 /* Tile loads, stores and logits shared by the CPU forward and backward passes. */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -39,11 +38,11 @@ RA_CPU_CLONES void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int acc
 ra_qtile ra__qtile(const ra_kernel_params *p, const float *q, int64_t ldq, int nq,
                    int scale_first, float *buf)
 {
-    if (!scale_first) return (ra_qtile){q, ldq, p->scale};
+    if (!scale_first) return (ra_qtile){q, ldq, p->scale, 1};
     const int D = p->head_dim;
     for (int i = 0; i < nq; ++i)
         for (int c = 0; c < D; ++c) buf[(size_t)i * D + c] = p->scale * q[(size_t)i * ldq + c];
-    return (ra_qtile){buf, D, 1.0f};
+    return (ra_qtile){buf, D, 1.0f, 0};
 }
 
 /* v clamped to the int32 range. */
@@ -101,15 +100,16 @@ void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view
     batch_load(v, p->dtype, b, g, p->head_dim_v, vb);
 }
 
-RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, int h, const ra_span *qs,
-                      const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
-                      float *tanh_s, const ra_tile_dyn *dyn)
+RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, ra_thread_ws *w, int h,
+                                    const ra_span *qs, const ra_key_batch *b, const ra_qtile *q,
+                                    const float *kb, float *s, float *tanh_s,
+                                    const ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, n = b->n, D = p->head_dim;
     const int64_t delta = p->delta[qs->seq];
-    const ra_window w = p->window;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, D, q->alpha, q->data, (int)q->ld,
-                kb, D, 0.0f, s, n);
+    const ra_window win = p->window;
+    ra__cpu_gemm(w, q->exact ? RA_BF16 : RA_F32, 0, 1, nq, n, D, q->alpha, q->data, q->ld, kb, D,
+                 0.0f, s, n);
     const float slope = p->alibi ? p->alibi[h] : 0.0f;
     const int32_t *restrict pos = b->pos;
     const float *restrict bias = b->bias;
@@ -123,8 +123,8 @@ RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, int h, const ra_s
                 row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
         /* SPEC 3 window and the SPEC 6 threshold rule of masks/topk.h (keep iff b > tb, or
            b == tb and p <= tp) as int32 lane compares (positions fit int32) */
-        const int32_t lo = (int32_t)clamp_i32(w.left < 0 ? INT32_MIN : qp - w.left);
-        const int32_t hi = (int32_t)clamp_i32(w.right < 0 ? INT32_MAX : qp + w.right);
+        const int32_t lo = (int32_t)clamp_i32(win.left < 0 ? INT32_MIN : qp - win.left);
+        const int32_t hi = (int32_t)clamp_i32(win.right < 0 ? INT32_MAX : qp + win.right);
         const int32_t tp = (int32_t)clamp_i32(dyn->thr_p[i]);
         const float tb = dyn->thr_b[i];
 #pragma omp simd
@@ -162,14 +162,16 @@ int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t 
     return !(bmax < tmin);
 }
 
-RA_CPU_CLONES void ra__tile_logits(const ra_kernel_params *p, int h, const ra_span *qs, const ra_span *ks,
-                     int64_t delta, ra_block_kind kind, const int32_t *row_begin,
-                     const int32_t *row_end, const ra_qtile *q, const float *k, int64_t ldk,
-                     float *s, float *tanh_s, const struct ra_tile_dyn *dyn)
+RA_CPU_CLONES void ra__tile_logits(const ra_kernel_params *p, ra_thread_ws *w, int h,
+                                   const ra_span *qs, const ra_span *ks, int64_t delta,
+                                   ra_block_kind kind, const int32_t *row_begin,
+                                   const int32_t *row_end, const ra_qtile *q, const float *k,
+                                   int64_t ldk, float *s, float *tanh_s,
+                                   const struct ra_tile_dyn *dyn)
 {
     const int nq = (int)qs->count, nk = (int)ks->count;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, p->head_dim, q->alpha, q->data,
-                (int)q->ld, k, (int)ldk, 0.0f, s, nk);
+    ra__cpu_gemm(w, q->exact ? RA_BF16 : RA_F32, 0, 1, nq, nk, p->head_dim, q->alpha, q->data,
+                 q->ld, k, ldk, 0.0f, s, nk);
     for (int i = 0; i < nq; ++i) {
         float *row = s + (size_t)i * nk;
         if (p->softcap > 0.0f)

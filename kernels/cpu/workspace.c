@@ -58,16 +58,30 @@ int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_spa
     return (int)span->count;
 }
 
-/* Carves one thread's buffers out of base; returns the number of floats used. */
-static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d, int dv)
+/* The largest M, N or K of a tile product: the bfloat16 products' packing buffers hold it. */
+static int product_dim(const ra_kernel_params *p)
 {
-    const int dmax = d > dv ? d : dv;
+    const int dims[] = {p->block_q, p->block_k, p->keys_block, p->head_dim, p->head_dim_v};
+    int m = 1;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; ++i) m = dims[i] > m ? dims[i] : m;
+    return m;
+}
+
+/* Carves one thread's buffers out of base (bf16: with the packing buffers); returns the
+   number of floats used. */
+static size_t carve(ra_thread_ws *w, float *base, const ra_kernel_params *p, int bf16)
+{
+    const int bq = p->block_q, bk = p->block_k, kb = p->keys_block, d = p->head_dim;
+    const int dv = p->head_dim_v, dmax = d > dv ? d : dv;
+    const size_t pack_a = bf16 ? ra__gemm_bf16_words(product_dim(p), 0) : 0;
+    const size_t pack_b = bf16 ? ra__gemm_bf16_words(product_dim(p), 1) : 0;
     const size_t sizes[] = {(size_t)bq * d,    (size_t)bk * d,    (size_t)bk * dv, (size_t)bq * dv,
                             (size_t)bq * dv,   (size_t)bq * bk,   (size_t)bq * bk, (size_t)bq * bk,
                             (size_t)bq * dmax, bq,                bq,              bq,
                             bq,                (size_t)kb * d,    (size_t)kb * dv, 2 * (size_t)kb,
                             kb,                kb,                (size_t)bk * d,  (size_t)bk * dv,
-                            bk,                (size_t)bq * d};
+                            bk,                (size_t)bq * d,    pack_a,
+                            pack_b};
     float **dst[] = {&w->q,      &w->k,        &w->v,
                      &w->dout,   &w->o,        &w->s,
                      &w->dp,     &w->tanh_s,   &w->acc,
@@ -76,7 +90,8 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
                      &w->vb,     (float **)&w->batch_row,
                      (float **)&w->batch_pos,  &w->batch_bias,
                      &w->dkt,    &w->dvt,      &w->dbt,
-                     &w->q_scaled};
+                     &w->q_scaled, (float **)&w->pack_a,
+                     (float **)&w->pack_b};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0],
                    "one size per buffer");
     size_t used = 0;
@@ -84,6 +99,8 @@ static size_t carve(ra_thread_ws *w, float *base, int bq, int bk, int kb, int d,
         if (base) *dst[i] = base + used;
         used += (sizes[i] + 15) & ~(size_t)15; /* 64-byte aligned buffers */
     }
+    if (base) w->bf16 = bf16;
+    if (base && !bf16) w->pack_a = w->pack_b = NULL;
     return used;
 }
 
@@ -122,8 +139,8 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     struct ra_workspace *ws = calloc(1, sizeof *ws);
     if (!ws) return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (workspace)");
     const int threads = ws->threads = p->num_threads;
-    const size_t per = carve(&(ra_thread_ws){0}, NULL, p->block_q, p->block_k, p->keys_block,
-                             p->head_dim, p->head_dim_v);
+    const int bf16 = ra__cpu_bf16_products(p->dtype);
+    const size_t per = carve(&(ra_thread_ws){0}, NULL, p, bf16);
     size_t n_dk, n_dv;
     const size_t slots = backward_slots(p, ws, &n_dk, &n_dv);
     int max_segs = 1; /* tilings are made of the queries and of one key shard at a time */
@@ -150,8 +167,7 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     ws->bwd_db = ws->bwd_dv + n_dv;
     for (int t = 0; t < threads; ++t) {
         ra_thread_ws *w = &ws->per_thread[t];
-        carve(w, (float *)ws->slab + per * t, p->block_q, p->block_k, p->keys_block, p->head_dim,
-              p->head_dim_v);
+        carve(w, (float *)ws->slab + per * t, p, bf16);
         w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
     }
     *bytes = sizeof *ws + (per * threads + slots) * sizeof(float) + 3 * rows * sizeof(float) +
