@@ -58,6 +58,7 @@ typedef struct {
     int no_json;
     int cuda; /* --backend cuda */
     int dtypes[MAX_LIST], ndtypes; /* ringattn_dtype_t values */
+    int block_q, block_k; /* --block: the plan's tiles (0: the library's choice) */
 } options_t;
 
 typedef struct {
@@ -437,6 +438,7 @@ static void bench_library(const options_t *opt, problem_t *p, const reference_t 
     if (opt->cuda) desc.backend = RINGATTN_BACKEND_CUDA, desc.num_threads = 0;
     desc.causal = p->mask != MASK_NONE;
     desc.dtype = (ringattn_dtype_t)p->dtype;
+    desc.block_q = opt->block_q, desc.block_k = opt->block_k;
     mask_window(p->mask, &desc.window_left, &desc.window_right);
     lib_ctx_t c = {NULL, RINGATTN_TENSORS_INIT, NULL};
     const ringattn_status_t st = ringattn_plan_create(NULL, &desc, &c.plan);
@@ -529,7 +531,7 @@ static void usage(void) {
         "usage: bench_local [--seq LIST|all] [--dim LIST] [--mask LIST] [--threads LIST]\n"
         "                   [--heads H] [--kv-heads HKV] [--reps N] [--budget SECONDS]\n"
         "                   [--sample ROWS] [--no-naive] [--quick] [--json FILE] [--no-json]\n"
-        "                   [--backend cpu|cuda] [--dtype LIST]\n"
+        "                   [--backend cpu|cuda] [--dtype LIST] [--block Q,K]\n"
         "  LIST is comma-separated. --seq from 1024,2048,4096,8192,16384,32768 (any T works);\n"
         "  --dim 64,128; --mask none,causal,window (window = causal sliding window of %d);\n"
         "  --threads 1,all (numbers or 'all' = OpenMP's max threads).\n"
@@ -541,7 +543,8 @@ static void usage(void) {
         "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n"
         "  --backend cuda: the CUDA backend (one device: --threads is ignored).\n"
         "  --dtype f32,f16,bf16 (default f32): the tensors' storage dtype (CPU backend; the\n"
-        "  naive rows and the tracked ratios are float32 only).\n",
+        "  naive rows and the tracked ratios are float32 only).\n"
+        "  --block Q,K: the plan's query and key tile rows (default: the library's, 256,256).\n",
         WINDOW);
 }
 
@@ -619,6 +622,7 @@ static int parse(int argc, char **argv, options_t *o) {
         else if (!strcmp(a, "--budget")) o->budget_s = atof(v);
         else if (!strcmp(a, "--json")) o->json_path = v;
         else if (!strcmp(a, "--dtype")) ok = parse_list(v, o->dtypes, &o->ndtypes, parse_dtype);
+        else if (!strcmp(a, "--block")) ok = sscanf(v, "%d,%d", &o->block_q, &o->block_k) == 2;
         else if (!strcmp(a, "--backend")) ok = v && (!strcmp(v, "cpu") || !strcmp(v, "cuda")), o->cuda = ok && !strcmp(v, "cuda");
         else { fprintf(stderr, "bench_local: unknown flag %s\n", a); return 0; }
         if (!ok) { fprintf(stderr, "bench_local: %s: bad value '%s' (see --help)\n", a, v); return 0; }
@@ -668,7 +672,7 @@ int main(int argc, char **argv) {
         printf("# backend cuda: device copies of the tensors, each run timed to a device "
                "synchronisation; eff%% 0: no device ceiling\n");
     print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
-               "#   ceiling) and ringattn's tile products run several times slower than they can.\n"
+               "#   ceiling) and ringattn's float32 tile products run 2x or more slower than they can.\n"
                "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n");
     const double tile = sgemm_gflops(128, 128, 128, 1, 0.2);
     const double c1 = ceiling_for(1), cn = ceiling_for(max_threads);
