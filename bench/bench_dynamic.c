@@ -492,8 +492,9 @@ int main(int argc, char **argv) {
     printf("# ringattn %s bench_dynamic: backend cpu, ranks 1, threads %d, causal, heads %d, "
            "kv heads %d, bias heads %d, dim %d\n", ringattn_version_string(), threads, opt.heads,
            opt.kv_heads, opt.kv_heads, opt.dim);
-    print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; ringattn's tile\n"
-               "#   products run 2x or more slower than they can. Set OPENBLAS_CORETYPE=%s.\n");
+    print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; ringattn's float32\n"
+               "#   tile products (unless the CPU kernels line says ringattn's) run 2x or more slower\n"
+               "#   than they can. Set OPENBLAS_CORETYPE=%s.\n");
     printf("# key bias ~ N(0, 1); keep_k 0 = the same bias, no selection; kept%% = kept / valid "
            "(query, key) pairs; ratio = (fwd + bwd) / (fwd + bwd with keep_k 0); best of %d\n",
            opt.reps);

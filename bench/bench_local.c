@@ -672,8 +672,8 @@ int main(int argc, char **argv) {
         printf("# backend cuda: device copies of the tensors, each run timed to a device "
                "synchronisation; eff%% 0: no device ceiling\n");
     print_blas("# warning: OpenBLAS chose its %s kernels although this CPU has %s; sgemm (the\n"
-               "#   ceiling) and ringattn's float32 tile products run 2x or more slower than they can.\n"
-               "#   Set OPENBLAS_CORETYPE=%s to pick the right kernels.\n");
+               "#   ceiling, and ringattn's float32 tile products unless the CPU kernels line says\n"
+               "#   ringattn's) runs 2x or more slower than it can. Set OPENBLAS_CORETYPE=%s.\n");
     const double tile = sgemm_gflops(128, 128, 128, 1, 0.2);
     const double c1 = ceiling_for(1), cn = ceiling_for(max_threads);
     for (int i = 0; i < opt.nthreads; ++i) ceiling_for(opt.threads[i]);

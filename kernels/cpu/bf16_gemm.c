@@ -16,22 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/cpu.h"
 
-#define MR 8  /* rows of C per micro-kernel */
-#define NR 32 /* columns of C per micro-kernel (a B panel) */
+#define MR RA_GEMM_MR
+#define NR RA_GEMM_NR
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
+#if RA_CPU_AVX512_CODE
 
-#include <immintrin.h>
-
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
-/* The first n (0..16) lanes. */
-static inline __mmask16 lanes(int n)
-{
-    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
-}
+#define TARGET RA_AVX512_BF16_TARGET
 
 /*
  * What a float32 vector becomes in a packed operand: rounded to bfloat16 (nearest even), or,
@@ -61,8 +54,8 @@ TARGET static inline __m512i words_of_run(const __m512 x[2], part which)
 /* Elements [k, k + 32) of a float row of K elements (zero past K; K = 0: reads nothing). */
 TARGET static inline void load_run(const float *row, int k, int K, __m512 x[2])
 {
-    x[0] = _mm512_maskz_loadu_ps(lanes(K - k), row + k);
-    x[1] = _mm512_maskz_loadu_ps(lanes(K - k - 16), row + k + 16);
+    x[0] = _mm512_maskz_loadu_ps(ra__lanes(K - k), row + k);
+    x[1] = _mm512_maskz_loadu_ps(ra__lanes(K - k - 16), row + k + 16);
 }
 
 /* The part `which` of columns [n, n + 16) of two float rows (even k, odd k; odd may be NULL:
@@ -70,7 +63,7 @@ TARGET static inline void load_run(const float *row, int k, int K, __m512 x[2])
 TARGET static inline __m512i words_of_rows(const float *even, const float *odd, int n, int N,
                                            part which)
 {
-    const __mmask16 m = lanes(N - n);
+    const __mmask16 m = ra__lanes(N - n);
     const __m512 e = part_of(_mm512_maskz_loadu_ps(m, even + n), which);
     const __m512 o = odd ? part_of(_mm512_maskz_loadu_ps(m, odd + n), which) : _mm512_setzero_ps();
     const __m256i he = (__m256i)_mm512_cvtneps_pbh(e), ho = (__m256i)_mm512_cvtneps_pbh(o);
@@ -82,32 +75,6 @@ TARGET static inline __m512i words_of_rows(const float *even, const float *odd, 
 static inline part part_number(int i, int parts)
 {
     return parts == 1 ? PART_ROUNDED : (i == 0 ? PART_HIGH : PART_LOW);
-}
-
-/* 16 x 16 transpose of 32-bit words in r. */
-TARGET static inline void transpose16(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) { /* u[4i + j], lane L: rows 4i..4i+3 of column 4L + j */
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {
-        const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
-        const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-        const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-        const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-        r[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-        r[4 + j] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
-        r[8 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-        r[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
-    }
 }
 
 /*
@@ -124,7 +91,8 @@ TARGET static void pack_a_rows(const float *A, int64_t lda, int M, int K, int pa
             load_run(A + m * lda, k, m < M ? K : 0, x);
             for (int i = 0; i < parts; ++i)
                 _mm512_mask_storeu_epi32(dst + ((size_t)m * parts + i) * kp + k / 2,
-                                         lanes(kp - k / 2), words_of_run(x, part_number(i, parts)));
+                                         ra__lanes(kp - k / 2),
+                                         words_of_run(x, part_number(i, parts)));
         }
 }
 
@@ -138,7 +106,7 @@ TARGET static void pack_a_columns(const float *S, int64_t lds, int M, int K, int
             const float *even = S + 2 * p * lds, *odd = 2 * p + 1 < K ? even + lds : NULL;
             for (int m = 0; m < mpad; m += 16)
                 _mm512_mask_storeu_epi32(dst + ((size_t)i * kp + p) * mpad + m,
-                                         lanes(mpad - m),
+                                         ra__lanes(mpad - m),
                                          words_of_rows(even, odd, m, M, part_number(i, parts)));
         }
 }
@@ -167,7 +135,7 @@ TARGET static void pack_b_columns(const float *S, int64_t lds, int N, int K, uin
                 load_run(S + (n + i) * lds, 2 * p, n + i < N ? K : 0, x);
                 r[i] = words_of_run(x, PART_ROUNDED);
             }
-            transpose16(r); /* r[w]: words p + w of rows n..n+15 */
+            ra__transpose16(r); /* r[w]: words p + w of rows n..n+15 */
             uint32_t *panel = dst + (size_t)(n / NR) * kp * NR + n % NR;
             for (int w = 0; w < 16 && p + w < kp; ++w)
                 _mm512_storeu_si512(panel + (size_t)(p + w) * NR, r[w]);
@@ -197,18 +165,7 @@ micro(const uint32_t *a, int64_t am, int64_t ap, const uint32_t *b, int kp, int 
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
         }
     }
-    const __mmask16 m0 = lanes(cols), m1 = lanes(cols - 16);
-    const __m512 va = _mm512_set1_ps(alpha);
-    for (int i = 0; i < rows; ++i) {
-        float *row = c + i * ldc;
-        __m512 y0 = _mm512_mul_ps(va, acc[i][0]), y1 = _mm512_mul_ps(va, acc[i][1]);
-        if (beta != 0.0f) { /* beta is 0 or 1 (ra__cpu_gemm) */
-            y0 = _mm512_add_ps(y0, _mm512_maskz_loadu_ps(m0, row));
-            y1 = _mm512_add_ps(y1, _mm512_maskz_loadu_ps(m1, row + 16));
-        }
-        _mm512_mask_storeu_ps(row, m0, y0);
-        _mm512_mask_storeu_ps(row + 16, m1, y1);
-    }
+    ra__store_block(acc, rows, cols, alpha, beta, c, ldc);
 }
 
 /* Every block of C over the packed operands (columns: A packed as [parts x kp][M_pad]). */

@@ -25,16 +25,22 @@ void ra__cpu_blas_single_thread_end(int saved)
 
 /* Older OpenBLAS builds do not recognise newer CPUs: they fall back to the SSE3 "Prescott"
    kernels (4x slower than an AVX2 CPU can do), or to the AVX2 ones on AVX-512 CPUs such as
-   AMD Zen 4 and 5 (2x slower: OpenBLAS 0.3.21 picks Haswell there). Say so once. */
+   AMD Zen 4 and 5 (2x slower: OpenBLAS 0.3.21 picks Haswell there). On AVX-512 CPUs the
+   library's own float32 kernels then take the tile products (ra__cpu_f32_products); elsewhere
+   say once what to set. */
 static void check_kernel(void)
 {
     const char *core = openblas_get_corename();
 #if defined(__x86_64__) && defined(__GNUC__)
-    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    const int avx512 = ra__gemm_f32_supported();
     const int sse = core && (strcmp(core, "Prescott") == 0 || strcmp(core, "Core2") == 0);
     const int avx2 = core && (strcmp(core, "Haswell") == 0 || strcmp(core, "Zen") == 0);
-    if ((sse && __builtin_cpu_supports("avx2")) || (avx2 && avx512))
+    if (ra__cpu_f32_products())
+        ra__log(RA_LOG_INFO, 0, 1,
+                "OpenBLAS uses its %s kernels on a CPU with AVX-512: ringattn's own AVX-512 "
+                "kernels take the float32 tile products",
+                core);
+    else if ((sse && __builtin_cpu_supports("avx2")) || ((sse || avx2) && avx512))
         ra__log(RA_LOG_WARN, 0, 1,
                 "OpenBLAS uses its %s kernels on a CPU with %s; float32 tile products run %s "
                 "slower than they could (set OPENBLAS_CORETYPE=%s)",
@@ -60,19 +66,50 @@ void ra__cpu_gemm(ra_thread_ws *w, ra_rounding rounding, int trans_a, int trans_
                   int N, int K, float alpha, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    if (rounding != RA_F32 && w->bf16) {
+    if (rounding != RA_F32 && w->bf16)
         ra__gemm_bf16(w, rounding == RA_BF16_SPLIT_A, trans_a, trans_b, M, N, K, alpha, A, lda,
                       B, ldb, beta, C, ldc);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, (int)lda, B, (int)ldb,
-                beta, C, (int)ldc);
+    else if (w->f32)
+        ra__gemm_f32(w, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, (int)lda, B,
+                    (int)ldb, beta, C, (int)ldc);
+}
+
+/* RINGATTN_CPU_GEMM: "blas" sends every tile product through BLAS sgemm, "own" takes the
+   library's kernels wherever the CPU runs them; unset (or anything else): see below. */
+static const char *gemm_choice(void)
+{
+    const char *env = getenv("RINGATTN_CPU_GEMM");
+    return env ? env : "";
+}
+
+/* Whether BLAS runs float32 products below the CPU's AVX-512: OpenBLAS with kernels for an
+   older ISA (its 0.3.21 picks Haswell on AMD Zen 4 and 5, or Prescott on CPUs it does not
+   know). Another BLAS, or OpenBLAS's AVX-512 kernels, are kept: as fast as ours or faster. */
+static int blas_below_avx512(void)
+{
+#ifdef OPENBLAS_VERSION
+    static const char *older[] = {"Prescott", "Core2",   "Penryn",    "Dunnington", "Nehalem",
+                                  "Atom",     "Sandybridge", "Haswell", "Zen",     "Barcelona",
+                                  "Bulldozer", "Piledriver", "Steamroller", "Excavator"};
+    const char *core = openblas_get_corename();
+    for (size_t i = 0; core && i < sizeof older / sizeof older[0]; ++i)
+        if (strcmp(core, older[i]) == 0) return 1;
+#endif
+    return 0;
 }
 
 int ra__cpu_bf16_products(ringattn_dtype_t dt)
 {
-    const char *env = getenv("RINGATTN_CPU_BF16");
-    return dt == RINGATTN_BFLOAT16 && !(env && strcmp(env, "0") == 0) &&
+    return dt == RINGATTN_BFLOAT16 && strcmp(gemm_choice(), "blas") != 0 &&
            ra__gemm_bf16_supported();
+}
+
+int ra__cpu_f32_products(void)
+{
+    const char *choice = gemm_choice();
+    if (strcmp(choice, "blas") == 0 || !ra__gemm_f32_supported()) return 0;
+    return strcmp(choice, "own") == 0 || blas_below_avx512();
 }

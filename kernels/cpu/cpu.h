@@ -34,8 +34,8 @@ typedef struct ra_thread_ws {
     int32_t *row_begin, *row_end; /* [block_q] allowed key interval per row (masks/) */
     /* the backward prologue's results, [H, query rows], shared by every thread */
     float *drow, *pshift, *pscale;
-    int bf16;                    /* tile products in bfloat16 (bf16_gemm.c), into: */
-    uint32_t *pack_a, *pack_b;   /* packed operands (NULL when bf16 is 0) */
+    int bf16, f32;               /* tile products on bf16_gemm.c, f32_gemm.c (else BLAS) */
+    uint32_t *pack_a, *pack_b;   /* their packed operands (NULL when unused) */
 } ra_thread_ws;
 
 /* The tiles of a shard: every segment cut into tiles of `block` rows. */
@@ -297,7 +297,8 @@ typedef enum ra_rounding { RA_F32 = 0, RA_BF16 = 1, RA_BF16_SPLIT_A = 2 } ra_rou
 /*
  * A tile product as cblas_sgemm computes it, row-major: C [M, N] = alpha op(A) op(B) + beta C,
  * op(X) = X^T where trans_x, beta 0 or 1: with bfloat16 operands and float32 accumulation
- * (bf16_gemm.c) where the thread's w->bf16 is set and `rounding` allows, else sgemm.
+ * (bf16_gemm.c) where the thread's w->bf16 is set and `rounding` allows, else in float32 on
+ * AVX-512 (f32_gemm.c, w->f32) or by BLAS sgemm.
  */
 void ra__cpu_gemm(ra_thread_ws *w, ra_rounding rounding, int trans_a, int trans_b, int M,
                   int N, int K, float alpha, const float *A, int64_t lda, const float *B,
@@ -311,8 +312,18 @@ int ra__gemm_bf16_supported(void);
 /* Words of w->pack_a (operand_b 0, room for a split A) or w->pack_b for products whose M, N
    and K are at most max_dim. */
 size_t ra__gemm_bf16_words(int max_dim, int operand_b);
-/* Whether a plan of dtype dt takes the bfloat16 products here (RINGATTN_CPU_BF16=0: never). */
+/* float32 products on AVX-512 (f32_gemm.c; w->pack_a, w->pack_b hold ra__gemm_f32_floats for
+   operand A, B), and whether this CPU runs them. */
+void ra__gemm_f32(ra_thread_ws *w, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                  int64_t ldc);
+int ra__gemm_f32_supported(void);
+size_t ra__gemm_f32_floats(int max_dim, int operand_b);
+/* Whether a plan of dtype dt takes the bfloat16 products here, and whether float32 products
+   run on the AVX-512 kernels rather than BLAS: where BLAS's own kernels are for an older ISA
+   (RINGATTN_CPU_GEMM=blas: neither; =own: both wherever the CPU runs them). */
 int ra__cpu_bf16_products(ringattn_dtype_t dt);
+int ra__cpu_f32_products(void);
 
 /* BLAS runs single-threaded inside our OpenMP passes (the caller's setting is restored). */
 void ra__cpu_blas_single_thread_begin(int *saved);

@@ -1,4 +1,4 @@
-/* Which instruction set the CPU kernels run on (isa.h), and their bfloat16 products. */
+/* Which instruction set the CPU kernels run on (isa.h), and what their tile products run on. */
 #include <pthread.h>
 #include <stdio.h>
 
@@ -21,15 +21,14 @@ static const char *element_loops(void)
 #endif
 }
 
-static char kernels[160];
+static char kernels[200];
 
 static void describe(void)
 {
-    snprintf(kernels, sizeof kernels, "%s; bfloat16 tile products: %s", element_loops(),
-             ra__cpu_bf16_products(RINGATTN_BFLOAT16)
-                 ? "AVX512-BF16"
-                 : (ra__gemm_bf16_supported() ? "float32 sgemm (RINGATTN_CPU_BF16=0)"
-                                              : "float32 sgemm (no AVX512-BF16)"));
+    const int own = ra__cpu_f32_products(), bf16 = ra__cpu_bf16_products(RINGATTN_BFLOAT16);
+    snprintf(kernels, sizeof kernels, "%s; tile products: float32 %s, bfloat16 %s",
+             element_loops(), own ? "AVX-512 (ringattn's)" : "BLAS sgemm",
+             bf16 ? "AVX512-BF16" : "as float32");
 }
 
 const char *ringattn_cpu_kernels(void)

@@ -67,14 +67,19 @@ static int product_dim(const ra_kernel_params *p)
     return m;
 }
 
-/* Carves one thread's buffers out of base (bf16: with the packing buffers); returns the
-   number of floats used. */
-static size_t carve(ra_thread_ws *w, float *base, const ra_kernel_params *p, int bf16)
+/* Carves one thread's buffers out of base (with the own products' packing buffers: bf16,
+   f32 as ra__cpu_bf16_products, ra__cpu_f32_products say); returns the number of floats
+   used. */
+static size_t carve(ra_thread_ws *w, float *base, const ra_kernel_params *p, int bf16, int f32)
 {
     const int bq = p->block_q, bk = p->block_k, kb = p->keys_block, d = p->head_dim;
-    const int dv = p->head_dim_v, dmax = d > dv ? d : dv;
-    const size_t pack_a = bf16 ? ra__gemm_bf16_words(product_dim(p), 0) : 0;
-    const size_t pack_b = bf16 ? ra__gemm_bf16_words(product_dim(p), 1) : 0;
+    const int dv = p->head_dim_v, dmax = d > dv ? d : dv, pd = product_dim(p);
+    size_t pack_a = 0, pack_b = 0; /* the larger of the two kernels' needs */
+    for (int operand = 0; operand < 2; ++operand) {
+        const size_t b16 = bf16 ? ra__gemm_bf16_words(pd, operand) : 0;
+        const size_t b32 = f32 ? ra__gemm_f32_floats(pd, operand) : 0;
+        *(operand ? &pack_b : &pack_a) = b16 > b32 ? b16 : b32;
+    }
     const size_t sizes[] = {(size_t)bq * d,    (size_t)bk * d,    (size_t)bk * dv, (size_t)bq * dv,
                             (size_t)bq * dv,   (size_t)bq * bk,   (size_t)bq * bk, (size_t)bq * bk,
                             (size_t)bq * dmax, bq,                bq,              bq,
@@ -99,8 +104,10 @@ static size_t carve(ra_thread_ws *w, float *base, const ra_kernel_params *p, int
         if (base) *dst[i] = base + used;
         used += (sizes[i] + 15) & ~(size_t)15; /* 64-byte aligned buffers */
     }
-    if (base) w->bf16 = bf16;
-    if (base && !bf16) w->pack_a = w->pack_b = NULL;
+    if (base) {
+        w->bf16 = bf16, w->f32 = f32;
+        if (!bf16 && !f32) w->pack_a = w->pack_b = NULL;
+    }
     return used;
 }
 
@@ -139,8 +146,8 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     struct ra_workspace *ws = calloc(1, sizeof *ws);
     if (!ws) return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "ringattn: out of memory (workspace)");
     const int threads = ws->threads = p->num_threads;
-    const int bf16 = ra__cpu_bf16_products(p->dtype);
-    const size_t per = carve(&(ra_thread_ws){0}, NULL, p, bf16);
+    const int bf16 = ra__cpu_bf16_products(p->dtype), f32 = ra__cpu_f32_products();
+    const size_t per = carve(&(ra_thread_ws){0}, NULL, p, bf16, f32);
     size_t n_dk, n_dv;
     const size_t slots = backward_slots(p, ws, &n_dk, &n_dv);
     int max_segs = 1; /* tilings are made of the queries and of one key shard at a time */
@@ -167,7 +174,7 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     ws->bwd_db = ws->bwd_dv + n_dv;
     for (int t = 0; t < threads; ++t) {
         ra_thread_ws *w = &ws->per_thread[t];
-        carve(w, (float *)ws->slab + per * t, p, bf16);
+        carve(w, (float *)ws->slab + per * t, p, bf16, f32);
         w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
     }
     *bytes = sizeof *ws + (per * threads + slots) * sizeof(float) + 3 * rows * sizeof(float) +

@@ -35,6 +35,9 @@ def test_cpu_kernels_follow_this_cpu():
     want = "x86-64-v4" if v4 and v3 else "x86-64-v3" if v3 else "x86-64 "
     assert ringattn.cpu_kernels().startswith(want), ringattn.cpu_kernels()
     assert "chosen at run time" in ringattn.cpu_kernels()
+    if "RINGATTN_CPU_GEMM" not in os.environ:  # bfloat16 plans take AVX512-BF16 where it is
+        bf16 = v4 and "avx512_bf16" in flags
+        assert ("bfloat16 AVX512-BF16" in ringattn.cpu_kernels()) == bf16, ringattn.cpu_kernels()
 
 
 def test_numpy_forward_backward_and_plan_info():

@@ -1,8 +1,11 @@
 // Faults inside the kernel: this test executable defines cblas_sgemm, which the library's
 // reference resolves to (the executable is linked with its symbols exported), and forwards to
-// the BLAS library's own after the stall the calling thread asked for.
+// the BLAS library's own after the stall the calling thread asked for. Every tile product must
+// then go through cblas_sgemm: RINGATTN_CPU_GEMM=blas keeps the CPU backend off its own
+// AVX-512 kernels, which it takes on some CPUs (kernels/cpu/blas.c).
 #include <dlfcn.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +16,11 @@
 #include "faults/fault_harness.hpp"
 
 namespace {
+// before main, so before any plan (its workspace reads it) and in every rank under mpirun
+__attribute__((constructor)) void tile_products_through_sgemm()
+{
+    setenv("RINGATTN_CPU_GEMM", "blas", 1);
+}
 thread_local double stall_seconds = 0;
 thread_local int stall_calls = 0, kill_countdown = 0;
 } // namespace
