@@ -1,5 +1,5 @@
-/* The CPU backend's tile products: sgemm or bfloat16 (bf16_gemm.c); OpenBLAS's threads and
-   kernel choice. */
+/* The CPU backend's tile products: BLAS sgemm or the library's own kernels (bf16_gemm.c,
+   f32_gemm.c), and which one runs; OpenBLAS's threads and kernel choice. */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdlib.h>

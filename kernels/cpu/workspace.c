@@ -58,7 +58,7 @@ int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_spa
     return (int)span->count;
 }
 
-/* The largest M, N or K of a tile product: the bfloat16 products' packing buffers hold it. */
+/* The largest M, N or K of a tile product: the own products' packing buffers hold it. */
 static int product_dim(const ra_kernel_params *p)
 {
     const int dims[] = {p->block_q, p->block_k, p->keys_block, p->head_dim, p->head_dim_v};
