@@ -222,7 +222,7 @@ static inline void print_blas(const char *warning) {
                         !strcmp(core, "Penryn") || !strcmp(core, "Nehalem") || !strcmp(core, "Dunnington");
     __builtin_cpu_init();
     const int avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
-    /* AVX2 kernels on an AVX-512 CPU OpenBLAS does not know (0.3.21 on AMD Zen 4 and 5) */
+    /* AVX2 kernels on an AVX-512 CPU (forced by OPENBLAS_CORETYPE, or an older OpenBLAS) */
     const int half = avx512 && (!strcmp(core, "Haswell") || !strcmp(core, "Zen"));
     if ((generic && (avx2 || avx512)) || half)
         printf(warning, core, avx512 ? "AVX-512" : "AVX2", avx512 ? "SkylakeX" : "Haswell");

@@ -23,9 +23,8 @@ bash cmake/install-deps.sh
 cmake -S . -B build "${options[@]}"
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target ringattn_examples
 # Debian's OpenBLAS 0.3.21 falls back to its generic Prescott kernels on CPUs it does not
-# recognise (some virtual machines report a generic model), several times slower, and to its
-# AVX2 kernels on AVX-512 CPUs it does not know (AMD Zen 4 and 5), 2x slower. Unless the caller
-# chose, pick the kernels matching the CPU's ISA when that happened.
+# recognise (some virtual machines report a generic model), several times slower. Unless the
+# caller chose, pick the kernels matching the CPU's ISA when that happened.
 if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
     core="$(OPENBLAS_VERBOSE=2 build/examples/local_attention --help 2>&1 | sed -n 's/^Core: //p')"
     if grep -qw avx512f /proc/cpuinfo && [[ "$core" =~ ^(Prescott|Haswell|Zen)$ ]]; then

@@ -23,11 +23,11 @@ void ra__cpu_blas_single_thread_end(int saved)
     if (saved != 1) openblas_set_num_threads(saved);
 }
 
-/* Older OpenBLAS builds do not recognise newer CPUs: they fall back to the SSE3 "Prescott"
-   kernels (4x slower than an AVX2 CPU can do), or to the AVX2 ones on AVX-512 CPUs such as
-   AMD Zen 4 and 5 (2x slower: OpenBLAS 0.3.21 picks Haswell there). On AVX-512 CPUs the
-   library's own float32 kernels then take the tile products (ra__cpu_f32_products); elsewhere
-   say once what to set. */
+/* OpenBLAS may run kernels below the CPU's ISA: older builds fall back to the SSE3 "Prescott"
+   kernels on CPUs they do not recognise (4x slower than an AVX2 CPU can do), and
+   OPENBLAS_CORETYPE can force older ones (Haswell on an AVX-512 CPU: 2x slower). On AVX-512
+   CPUs the library's own float32 kernels then take the tile products (ra__cpu_f32_products);
+   elsewhere say once what to set. */
 static void check_kernel(void)
 {
     const char *core = openblas_get_corename();
@@ -86,8 +86,8 @@ static const char *gemm_choice(void)
 }
 
 /* Whether BLAS runs float32 products below the CPU's AVX-512: OpenBLAS with kernels for an
-   older ISA (its 0.3.21 picks Haswell on AMD Zen 4 and 5, or Prescott on CPUs it does not
-   know). Another BLAS, or OpenBLAS's AVX-512 kernels, are kept: as fast as ours or faster. */
+   older ISA (Prescott on CPUs it does not know, or whatever OPENBLAS_CORETYPE forces).
+   Another BLAS, or OpenBLAS's AVX-512 kernels, are kept: as fast as ours or faster. */
 static int blas_below_avx512(void)
 {
 #ifdef OPENBLAS_VERSION

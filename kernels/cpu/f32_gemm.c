@@ -1,7 +1,7 @@
 /*
  * float32 tile products on AVX-512 (x86-64-v4 CPUs), so that their speed does not depend on
- * which kernels BLAS picks: OpenBLAS 0.3.21 runs its AVX2 kernels on AVX-512 CPUs it does not
- * know (AMD Zen 4 and 5), at half the speed. The micro-kernel keeps an 8 x 32 block of C in 16
+ * which kernels BLAS runs (OpenBLAS's for an older ISA: Prescott on CPUs it does not know, or
+ * Haswell forced by OPENBLAS_CORETYPE on an AVX-512 CPU, half the speed). The micro-kernel keeps an 8 x 32 block of C in 16
  * registers and multiplies in k order with FMA, so sums are bitwise repeatable and do not depend
  * on the thread count (SPEC 9). Both operands are copied into panels that the micro-kernel
  * reads in order, zero past M and N: A into panels of 8 rows, [M_pad / 8][K][8] floats (by
