@@ -202,10 +202,8 @@ void ra__gemm_bf16(ra_thread_ws *w, int split_a, int trans_a, int trans_b, int M
 
 int ra__gemm_bf16_supported(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
+    /* the float32 kernels' AVX-512 subset (RA_AVX512_TARGET), and vdpbf16ps */
+    return ra__gemm_f32_supported() && __builtin_cpu_supports("avx512bf16");
 }
 
 #else /* no AVX512-BF16 code on this compiler or architecture: the products stay float32 */

@@ -1,7 +1,7 @@
 /*
  * CPU backend internals: per-thread tile workspace, tile loads/stores, logits of a tile and a
  * vectorisable exp. Tiles never cross a sequence; tile products go through ra__cpu_gemm (BLAS
- * sgemm, or bfloat16 micro-kernels).
+ * sgemm, or the library's bfloat16 and float32 AVX-512 micro-kernels).
  */
 #ifndef RINGATTN_KERNELS_CPU_CPU_H
 #define RINGATTN_KERNELS_CPU_CPU_H
@@ -191,25 +191,23 @@ int ra__batch_fill(ra_key_batch *b, int bk, const ra_span *ks, int64_t krow, con
 void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view *v, int g,
                       const ra_key_batch *b, float *kb, float *vb);
 /*
- * ra__tile_logits for a batch of keys whose K rows are gathered in kb: the logits of query head
- * h into s [nq, b->n], with the window, ALiBi and top-k checked per element from the keys'
- * positions.
+ * ra__tile_logits for a batch of keys whose K rows are gathered in w->kb: the logits of query
+ * head h into w->s [nq, b->n], with the window, ALiBi and top-k checked per element from the
+ * keys' positions.
  */
 void ra__batch_logits(const ra_kernel_params *p, ra_thread_ws *w, int h, const ra_span *qs,
-                      const ra_key_batch *b, const ra_qtile *q, const float *kb, float *s,
-                      float *tanh_s, const ra_tile_dyn *dyn);
+                      const ra_key_batch *b, const ra_qtile *q, float *tanh_s,
+                      const ra_tile_dyn *dyn);
 
 /*
- * SPEC 2-3 logits of a tile into s [nq, nk] (row stride nk): scale * Q K^T (see ra_qtile),
+ * SPEC 2-3 logits of a tile into w->s [nq, nk] (row stride nk): scale * Q K^T (see ra_qtile),
  * softcap (tanh values kept in tanh_s when non-NULL, for the backward), ALiBi of head h, and
- * -inf outside each row's allowed interval when kind is PARTIAL; with dyn, + the keys' bias
+ * -inf outside each row's allowed interval (w->row_begin, w->row_end) when kind is PARTIAL; with dyn, + the keys' bias
  * (SPEC 6; a selection goes through ra__batch_logits instead).
  */
 void ra__tile_logits(const ra_kernel_params *p, ra_thread_ws *w, int h, const ra_span *qs,
-                     const ra_span *ks, int64_t delta, ra_block_kind kind,
-                     const int32_t *row_begin, const int32_t *row_end, const ra_qtile *q,
-                     const float *k, int64_t ldk, float *s, float *tanh_s,
-                     const struct ra_tile_dyn *dyn);
+                     const ra_span *ks, int64_t delta, ra_block_kind kind, const ra_qtile *q,
+                     const float *k, int64_t ldk, float *tanh_s, const struct ra_tile_dyn *dyn);
 
 /*
  * The dynamic-mask view of tile (query rows from qrow, keys from krow) for query head h, or NULL

@@ -1,9 +1,9 @@
 /*
  * float32 tile products on AVX-512 (x86-64-v4 CPUs), so that their speed does not depend on
  * which kernels BLAS runs (OpenBLAS's for an older ISA: Prescott on CPUs it does not know, or
- * Haswell forced by OPENBLAS_CORETYPE on an AVX-512 CPU, half the speed). The micro-kernel keeps an 8 x 32 block of C in 16
- * registers and multiplies in k order with FMA, so sums are bitwise repeatable and do not depend
- * on the thread count (SPEC 9). Both operands are copied into panels that the micro-kernel
+ * Haswell forced by OPENBLAS_CORETYPE on an AVX-512 CPU, half the speed). The micro-kernel
+ * keeps an 8 x 32 block of C in 16 registers and multiplies in k order with FMA, so sums are
+ * bitwise repeatable and do not depend on the thread count (SPEC 9). Both operands are copied into panels that the micro-kernel
  * reads in order, zero past M and N: A into panels of 8 rows, [M_pad / 8][K][8] floats (by
  * 16 x 16 transposes of a row-major A, by rows of a transposed one), B into panels of 32
  * columns, [N_pad / 32][K][32] (by rows, or by 16 x 16 transposes of a transposed B).
@@ -120,7 +120,7 @@ TARGET void ra__gemm_f32(ra_thread_ws *w, int trans_a, int trans_b, int M, int N
 
 int ra__gemm_f32_supported(void)
 {
-    __builtin_cpu_init();
+    __builtin_cpu_init(); /* RA_AVX512_TARGET's features */
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }

@@ -95,7 +95,7 @@ static void forward_batch(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
 {
     const int Dv = acc_dim(p, io), g = h / (p->num_heads / p->num_kv_heads);
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, w, h, qs, b, q, w->kb, w->s, NULL, dyn);
+    ra__batch_logits(p, w, h, qs, b, q, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
     if (!io->stats_only)
         ra__cpu_gemm(w, RA_BF16_SPLIT_A, 0, 0, (int)qs->count, Dv, b->n, 1.0f, w->s, b->n, w->vb,
@@ -121,8 +121,8 @@ static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
         }
         const int nk = (int)kp.ks.count;
         const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
-        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin,
-                        w->row_end, &q, k, ldk, w->s, NULL, kp.use);
+        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, &q, k, ldk, NULL,
+                        kp.use);
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
         if (io->stats_only) continue;
         const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);

@@ -54,7 +54,7 @@ static void batch_pair(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
     ra__batch_gather(p, io->k, io->v, g, b, w->kb, w->vb);
-    ra__batch_logits(p, w, h, qs, b, &qd->logits_q, w->kb, w->s, ra__tanh_buf(p, w), sel);
+    ra__batch_logits(p, w, h, qs, b, &qd->logits_q, ra__tanh_buf(p, w), sel);
     if (t->db) memset(w->dbt, 0, (size_t)b->n * sizeof *w->dbt);
     ra__tile_grads(p, w, nq, b->n, qd, w->vb, Dv, t->db ? w->dbt : NULL);
     pair_products(p, w, qd, nq, b->n, w->kb, D, w->dkt, w->dvt, 0.0f);
@@ -84,8 +84,8 @@ static void query_tile(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
         const int64_t kr = kp.krow;
         const float *k = ra__tile_load(io->k, p->dtype, kr, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, kr, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, w->row_begin, w->row_end,
-                        &qd.logits_q, k, ldk, w->s, ra__tanh_buf(p, w), kp.use);
+        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, &qd.logits_q, k, ldk,
+                        ra__tanh_buf(p, w), kp.use);
         ra__tile_grads(p, w, nq, nk, &qd, v, ldv, t->db ? t->db + kr : NULL);
         pair_products(p, w, &qd, nq, nk, k, ldk, t->dk + kr * D, t->dv + kr * Dv, 1.0f);
     }

@@ -102,14 +102,14 @@ void ra__batch_gather(const ra_kernel_params *p, const ra_view *k, const ra_view
 
 RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, ra_thread_ws *w, int h,
                                     const ra_span *qs, const ra_key_batch *b, const ra_qtile *q,
-                                    const float *kb, float *s, float *tanh_s,
-                                    const ra_tile_dyn *dyn)
+                                    float *tanh_s, const ra_tile_dyn *dyn)
 {
+    float *s = w->s;
     const int nq = (int)qs->count, n = b->n, D = p->head_dim;
     const int64_t delta = p->delta[qs->seq];
     const ra_window win = p->window;
-    ra__cpu_gemm(w, q->exact ? RA_BF16 : RA_F32, 0, 1, nq, n, D, q->alpha, q->data, q->ld, kb, D,
-                 0.0f, s, n);
+    ra__cpu_gemm(w, q->exact ? RA_BF16 : RA_F32, 0, 1, nq, n, D, q->alpha, q->data, q->ld, w->kb,
+                 D, 0.0f, s, n);
     const float slope = p->alibi ? p->alibi[h] : 0.0f;
     const int32_t *restrict pos = b->pos;
     const float *restrict bias = b->bias;
@@ -164,11 +164,11 @@ int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t 
 
 RA_CPU_CLONES void ra__tile_logits(const ra_kernel_params *p, ra_thread_ws *w, int h,
                                    const ra_span *qs, const ra_span *ks, int64_t delta,
-                                   ra_block_kind kind, const int32_t *row_begin,
-                                   const int32_t *row_end, const ra_qtile *q, const float *k,
-                                   int64_t ldk, float *s, float *tanh_s,
-                                   const struct ra_tile_dyn *dyn)
+                                   ra_block_kind kind, const ra_qtile *q, const float *k,
+                                   int64_t ldk, float *tanh_s, const struct ra_tile_dyn *dyn)
 {
+    float *s = w->s;
+    const int32_t *row_begin = w->row_begin, *row_end = w->row_end;
     const int nq = (int)qs->count, nk = (int)ks->count;
     ra__cpu_gemm(w, q->exact ? RA_BF16 : RA_F32, 0, 1, nq, nk, p->head_dim, q->alpha, q->data,
                  q->ld, k, ldk, 0.0f, s, nk);
