@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define RINGATTN_VERSION_MAJOR 0
-#define RINGATTN_VERSION_MINOR 2
+#define RINGATTN_VERSION_MINOR 3
 #define RINGATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
 #define RINGATTN_VERSION \
@@ -117,12 +117,31 @@ typedef struct ringattn_plan_desc {
     ringattn_backend_t backend;  /* default AUTO */
     int device;                  /* CUDA device ordinal; -1 (default): the current one. The CPU
                                     backend takes -1 or 0. Not part of the descriptor agreement */
+    /* since 0.3: inference against a KV cache (README, "Inference"). Such plans are forward
+       only (ringattn_backward: RINGATTN_ERR_UNSUPPORTED). */
+    int sharded_cache;           /* nonzero: the keys of cu_seqlens_k are a KV cache split across
+                                    the comm's ranks (by layout, or by cache_bounds), and the
+                                    queries of cu_seqlens are the same on every rank (decode,
+                                    chunked prefill). Each rank attends every query to its own
+                                    cache slots in place; only the (O, LSE) partials move (SPEC
+                                    5), and every rank gets the whole O and LSE. No comm: one
+                                    rank holding the whole cache */
+    const int32_t *cache_bounds; /* with sharded_cache, or NULL: [num_seqs * (ranks + 1)], rank r
+                                    holds key positions [b[s * (ranks + 1) + r], b[s * (ranks +
+                                    1) + r + 1]) of sequence s (b[s * (ranks + 1)] = 0, the last
+                                    = its key length, non-decreasing); copied. NULL: by layout */
+    const int32_t *cu_seqlens_new; /* [num_seqs + 1] or NULL: new tokens' K/V (tensors k_new,
+                                    v_new), not yet in the cache, attended after each sequence's
+                                    cached keys as if appended to them: sequence s has L_k =
+                                    cached + new keys. In a sharded cache the last rank attends
+                                    them (only its k_new, v_new are read) */
 } ringattn_plan_desc_t;
 
 #define RINGATTN_PLAN_DESC_INIT                                                              \
     {                                                                                       \
         sizeof(ringattn_plan_desc_t), 0, 0, 0, 0, RINGATTN_FLOAT32, RINGATTN_LAYOUT_CONTIGUOUS, \
-            0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1 \
+            0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1, \
+            0, NULL, NULL                                                                   \
     }
 
 /*
@@ -149,6 +168,11 @@ typedef struct ringattn_tensors {
        uses); a NaN or +inf is refused with RINGATTN_ERR_INVALID_ARGUMENT. */
     const float *key_bias;
     float *dbias;               /* backward output [key_bias_heads, T_k], or NULL: not wanted */
+    /* since 0.3: the new tokens' K/V of a plan with cu_seqlens_new ([T_new, H_kv, D], [T_new,
+       H_kv, D_v]) and, with a key bias, their bias [key_bias_heads, T_new]. T_k above counts
+       the cache's keys (this rank's slots in a sharded cache). */
+    ringattn_tensor_t k_new, v_new;
+    const float *key_bias_new;
 } ringattn_tensors_t;
 
 #define RINGATTN_TENSOR_NONE {NULL, 0, 0}
@@ -156,7 +180,8 @@ typedef struct ringattn_tensors {
     {                                                                                        \
         sizeof(ringattn_tensors_t), RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE,              \
             RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, RINGATTN_TENSOR_NONE,          \
-            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL     \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL,    \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL                                 \
     }
 
 /*
@@ -222,6 +247,14 @@ RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
  */
 RINGATTN_API ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
                                                           int32_t *global_index);
+/*
+ * The keys this rank holds: *count of them and, when global_index is not NULL, the index of each
+ * in the packed batch of cu_seqlens_k (its K and V rows follow this order). A ring holds its
+ * query tokens (ringattn_plan_local_tokens); a sharded cache this rank's slots; one rank every
+ * key. The new tokens' K/V (cu_seqlens_new) are not counted.
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, int64_t *count,
+                                                        int32_t *global_index);
 /*
  * What a plan will do on this rank and what it holds: its schedule, traffic, tiles and memory
  * (also logged at RINGATTN_LOG=info). The memory is all made at plan creation; calls allocate

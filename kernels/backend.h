@@ -88,6 +88,15 @@ struct ra_backend {
     ringattn_status_t (*scan_agreed)(struct ra_workspace *ws, const ra_kernel_params *prm,
                                      const ra_scan *agreed, void *stream);
     ringattn_status_t (*merge)(const ra_merge_io *io, void *stream);
+    /* Inference (ring/cache.c). state_partial: the running state io's forward steps left (all
+       with last = 0) as a normalised float32 partial (SPEC 4 finalise) at part: O [query rows,
+       H, D_v] packed, then LSE [H, query rows]. merge_f32: SPEC 5 over n such partials at
+       parts + s * stride floats, in order s = 0 .. n-1, into O (the plan's dtype) and LSE;
+       n = 0 gives O = 0 and LSE = -inf. */
+    ringattn_status_t (*state_partial)(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                       const ra_fwd_io *io, float *part);
+    ringattn_status_t (*merge_f32)(const ra_kernel_params *prm, const float *parts, int n,
+                                   size_t stride, const ra_view *o, float *lse, void *stream);
     /* Order between streams of one device; NULL where all work runs in one order (CPU). */
     ringattn_status_t (*event_record)(void *event, void *stream);
     ringattn_status_t (*event_wait)(void *event, void *stream);

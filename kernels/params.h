@@ -39,7 +39,10 @@ typedef struct ra_kernel_params {
                              resolved by prepare */
     /* tokens: the local queries, and every key shard a step may hold */
     const ra_shard *queries;
-    int num_key_shards;   /* ring: one per rank; one rank: 1 (the keys of cu_seqlens_k) */
+    int num_key_shards;   /* ring: one per rank; one rank: 1 (the keys of cu_seqlens_k); a KV
+                             cache: one per rank, and the new tokens' keys */
+    int carries_state;    /* a call runs several steps whose state lives between them (a ring,
+                             a KV cache plan): no step both starts and finalises it */
     const ra_shard *key_shards;
 } ra_kernel_params;
 

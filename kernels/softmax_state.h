@@ -111,4 +111,33 @@ RA_HD int ra__merge_weights(const float *lse, int n, float *w, float *lse_out)
     return used;
 }
 
+/*
+ * SPEC 5 over n float32 partials of one row taken in order, without per-partial arrays (a GPU
+ * thread's form): LSE_s = lse[s * ls], column c of O_s = o[s * os + c]. ra__merge_total finds
+ * the largest non-empty LSE (*mx) and returns W = sum exp(LSE_s - mx) (0: every partial empty,
+ * then O = 0 and LSE = -inf); ra__merge_column is one column of O: sum (exp(LSE_s - mx) / W) O_s,
+ * empty partials skipped, never multiplied (the weights of ra__merge_weights).
+ */
+RA_HD float ra__merge_total(int n, const float *lse, int64_t ls, float *mx)
+{
+    float m = -INFINITY, total = 0.0f;
+    for (int s = 0; s < n; ++s)
+        if (!ra__lse_is_empty(lse[s * ls]) && lse[s * ls] > m) m = lse[s * ls];
+    for (int s = 0; s < n; ++s)
+        if (!ra__lse_is_empty(lse[s * ls])) total += expf(lse[s * ls] - m);
+    *mx = m;
+    return total;
+}
+
+RA_HD float ra__merge_column(int n, const float *lse, int64_t ls, const float *o, int64_t os,
+                             float mx, float total)
+{
+    float sum = 0.0f;
+    for (int s = 0; s < n; ++s) {
+        if (ra__lse_is_empty(lse[s * ls])) continue;
+        sum += expf(lse[s * ls] - mx) / total * o[s * os];
+    }
+    return sum;
+}
+
 #endif

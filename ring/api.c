@@ -25,7 +25,7 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
     RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
     plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
-    if ((plan->comm || t->key_bias) && plan->be->device_ops) {
+    if ((plan->comm || t->key_bias || plan->cache) && plan->be->device_ops) {
         /* a capture records work without running it, and a ring call's agreements, like a key
            bias's check and thresholds, wait on the host for values its queued work produces
            (DESIGN: the NCCL transport) */
@@ -34,7 +34,7 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
         RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
                  "%s: stream: it is capturing a CUDA graph, but a call %s cannot be captured "
                  "(it waits on the host for its queued work); call it outside the capture", fn,
-                 plan->comm ? "over a comm" : "with a key bias");
+                 plan->comm ? "over a comm" : plan->cache ? "of a KV cache plan" : "with a key bias");
     }
     return RINGATTN_SUCCESS;
 }
@@ -52,17 +52,38 @@ static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan
  * order and +inf the softmax, and either would give NaN outputs (SPEC 9 forbids them). Checked
  * on the host copy the call's preparation uses (ring/prepare.c).
  */
-static ringattn_status_t check_bias(const char *fn, struct ringattn_plan *p, const float *bias)
+static ringattn_status_t check_bias(const char *fn, struct ringattn_plan *p, const char *name,
+                                    const float *bias, int64_t keys, float *host)
 {
-    const int64_t keys = ra__local_keys(p)->rows;
-    float *host = p->buf->host_own_bias;
     RA_TRY(p->be->to_host(host, bias, (size_t)(p->kp.bias_heads * keys) * sizeof(float),
                           &p->stream));
     for (int64_t i = 0; i < (int64_t)p->kp.bias_heads * keys; ++i)
         RA_CHECK(!isnan(host[i]) && host[i] != INFINITY, RINGATTN_ERR_INVALID_ARGUMENT,
-                 "%s: key_bias[%lld, %lld]: got %g, expected a finite value or -inf", fn,
+                 "%s: %s[%lld, %lld]: got %g, expected a finite value or -inf", fn, name,
                  (long long)(i / keys), (long long)(i % keys), (double)host[i]);
     return RINGATTN_SUCCESS;
+}
+
+/* A KV cache plan's new tokens' K/V (and bias): read on the last rank, which attends them. */
+static ringattn_status_t make_new_kv(const char *fn, struct ringattn_plan *p,
+                                     const ringattn_tensors_t *t, ra_args *a)
+{
+    if (p->new_shard < 0 || p->rank != p->ranks - 1) return RINGATTN_SUCCESS;
+    const ra_kernel_params *k = &p->kp;
+    const int64_t tn = p->shards[p->new_shard].rows;
+    RA_TRY(ra__view_make(fn, "k_new", t->k_new, k->dtype, tn, k->num_kv_heads, k->head_dim, 0,
+                         &a->k_new));
+    RA_TRY(ra__view_make(fn, "v_new", t->v_new, k->dtype, tn, k->num_kv_heads, k->head_dim_v, 0,
+                         &a->v_new));
+    RA_TRY(check_memory(fn, p, "k_new", a->k_new.data, &a->k_new));
+    RA_TRY(check_memory(fn, p, "v_new", a->v_new.data, &a->v_new));
+    if (!k->bias_heads) return RINGATTN_SUCCESS;
+    RA_CHECK(t->key_bias_new != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: key_bias_new: got NULL, expected [key_bias_heads = %d, T_new = %lld] float32",
+             fn, k->bias_heads, (long long)tn);
+    a->key_bias_new = t->key_bias_new;
+    RA_TRY(check_memory(fn, p, "key_bias_new", a->key_bias_new, NULL));
+    return check_bias(fn, p, "key_bias_new", a->key_bias_new, tn, p->buf->host_new_bias);
 }
 
 /* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
@@ -88,7 +109,9 @@ static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
     a->key_bias = k->bias_heads ? t->key_bias : NULL;
     a->dbias = k->bias_heads ? t->dbias : NULL;
     if (tk) RA_TRY(check_memory(fn, p, "key_bias", a->key_bias, NULL));
-    return a->key_bias ? check_bias(fn, p, a->key_bias) : RINGATTN_SUCCESS;
+    if (a->key_bias)
+        RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
+    return p->cache ? make_new_kv(fn, p, t, a) : RINGATTN_SUCCESS;
 }
 
 /* The backward's own tensors: dO and the gradients. */
@@ -122,6 +145,11 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
     }
     ringattn_tensors_t t;
     ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
+    if (st == RINGATTN_SUCCESS && backward && plan->cache)
+        st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                      "%s: the plan attends a KV cache (sharded_cache or cu_seqlens_new): "
+                      "inference plans are forward only",
+                      fn);
     if (st == RINGATTN_SUCCESS && backward && plan->be->attend_backward == NULL)
         st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
                       "%s: the %s backend has no backward kernels yet (forward only)", fn,
@@ -161,7 +189,9 @@ static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringat
     ra_call c = {0};
     ringattn_status_t st = call_begin(fn, plan, t, stream, backward, &c);
     if (st == RINGATTN_SUCCESS)
-        st = call_ring(fn, plan, &c, backward ? ra__ring_backward : ra__ring_forward);
+        st = call_ring(fn, plan, &c,
+                       backward ? ra__ring_backward
+                                : plan->cache ? ra__cache_forward : ra__ring_forward);
     if (previous >= 0) ra__device_leave(plan, previous);
     return st;
 }

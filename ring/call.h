@@ -14,6 +14,8 @@ typedef struct ra_args {
     float *lse;            /* [num_heads, T_q] */
     const float *key_bias; /* [H_b, T_k] or NULL */
     float *dbias;          /* [H_b, T_k] or NULL */
+    ra_view k_new, v_new;  /* a KV cache plan's new tokens' K/V (cu_seqlens_new) */
+    const float *key_bias_new; /* [H_b, T_new] or NULL */
 } ra_args;
 
 /* What the call's inputs imply, decided before the ring starts (SPEC 9). */

@@ -24,6 +24,22 @@ struct ra_plan_desc_v0_1 {
     int key_bias_heads, keep_k, block_q, block_k, num_threads;
 };
 
+/* 0.2 added backend and device to the descriptor; its tensors were 0.1's. */
+struct ra_plan_desc_v0_2 {
+    struct ra_plan_desc_v0_1 v0_1;
+    ringattn_backend_t backend;
+    int device;
+};
+
+struct ra_tensors_v0_2 {
+    size_t struct_size;
+    ringattn_tensor_t q, k, v, o;
+    float *lse;
+    ringattn_tensor_t dout, dq, dk, dv;
+    const float *key_bias;
+    float *dbias;
+};
+
 struct ra_plan_info_v0_1 {
     size_t struct_size;
     int rank, ranks;
@@ -40,9 +56,11 @@ typedef struct release {
 
 static const release desc_releases[] = {
     {sizeof(struct ra_plan_desc_v0_1), offsetof(ringattn_plan_desc_t, backend)},
+    {sizeof(struct ra_plan_desc_v0_2), offsetof(ringattn_plan_desc_t, sharded_cache)},
     {sizeof(ringattn_plan_desc_t), sizeof(ringattn_plan_desc_t)},
 };
 static const release tensors_releases[] = {
+    {sizeof(struct ra_tensors_v0_2), offsetof(ringattn_tensors_t, k_new)},
     {sizeof(ringattn_tensors_t), sizeof(ringattn_tensors_t)},
 };
 static const release info_releases[] = {
@@ -57,6 +75,14 @@ _Static_assert(offsetof(ringattn_plan_info_t, backend) >=
                    offsetof(struct ra_plan_info_v0_1, backward_bytes_received) + sizeof(size_t),
                "0.1 info fields are a prefix of the current info");
 
+_Static_assert(offsetof(ringattn_plan_desc_t, sharded_cache) >= sizeof(struct ra_plan_desc_v0_1) &&
+                   offsetof(ringattn_tensors_t, k_new) >=
+                       offsetof(struct ra_tensors_v0_2, dbias) + sizeof(float *),
+               "0.2 descriptor and tensors fields are a prefix of the current ones");
+_Static_assert(sizeof(struct ra_plan_desc_v0_2) != sizeof(ringattn_plan_desc_t) &&
+                   sizeof(struct ra_plan_desc_v0_2) != sizeof(struct ra_plan_desc_v0_1) &&
+                   sizeof(struct ra_tensors_v0_2) != sizeof(ringattn_tensors_t),
+               "a size names one release");
 _Static_assert(sizeof(struct ra_plan_desc_v0_1) != sizeof(ringattn_plan_desc_t) &&
                    sizeof(struct ra_plan_info_v0_1) != sizeof(ringattn_plan_info_t),
                "a size names one release");

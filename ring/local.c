@@ -29,6 +29,24 @@ ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *coun
     return RINGATTN_SUCCESS;
 }
 
+ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, int64_t *count,
+                                          int32_t *global_index)
+{
+    static const char fn[] = "ringattn_plan_local_keys";
+    RA_TRY(ra__plan_check(fn, plan));
+    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: count: got NULL, expected a pointer", fn);
+    const ra_shard *k = ra__local_keys(plan);
+    *count = k->rows;
+    for (int i = 0; global_index && i < k->num_segs; ++i) {
+        const ra_segment *seg = &k->segs[i];
+        for (int64_t j = 0; j < seg->span.count; ++j)
+            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, plan->cu_cache, j);
+    }
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
 /* Copies row by row between the global and the local tensor (to_local: scatter). */
 static ringattn_status_t move_rows(const char *fn, ringattn_plan_t p, ringattn_dtype_t dt,
                                    int heads, int dim, ringattn_tensor_t global,

@@ -12,6 +12,9 @@
 
 /* O, LSE of the local queries over every rank's keys (one step when single-rank). */
 ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_call *c);
+/* A KV cache plan's forward (ring/cache.c): every query over every rank's cache slots and the
+   new tokens' K/V; every rank gets the whole O and LSE. */
+ringattn_status_t ra__cache_forward(struct ringattn_plan *p, const ra_call *c);
 /* dQ of the local queries and dK, dV (dBias) of the local keys, summed over every rank. */
 ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c);
 

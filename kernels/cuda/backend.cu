@@ -122,7 +122,7 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     const size_t states = (size_t)p->num_heads * (size_t)p->queries->rows;
     const size_t row_bytes = 3 * states * sizeof(float);
     // a ring with D_v above one tile: (m, l) of each D_v block (forward_common.cuh: state_z)
-    const int zb = p->num_key_shards > 1 ? ra__cuda_dim_v_blocks(p->head_dim_v) : 1;
+    const int zb = p->carries_state ? ra__cuda_dim_v_blocks(p->head_dim_v) : 1;
     const size_t z_bytes = zb > 1 ? 2 * (size_t)zb * states * sizeof(float) : 0;
     ringattn_status_t st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
     if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
@@ -321,6 +321,8 @@ static ra_backend cuda_table()
     b.scan = ra__cuda_scan;
     b.scan_agreed = ra__cuda_scan_agreed;
     b.merge = nullptr; // ringattn_merge_partials is host memory (the CPU's)
+    b.state_partial = ra__cuda_state_partial;
+    b.merge_f32 = ra__cuda_merge_f32;
     b.event_record = ra__cuda_event_record;
     b.event_wait = ra__cuda_event_wait;
     b.device_ops = &ra__cuda_device_ops;

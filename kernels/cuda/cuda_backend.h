@@ -58,6 +58,20 @@ static inline cudaStream_t ra__cuda_stream(void *stream)
     return (cudaStream_t)ra__host_stream_device(stream);
 }
 
+// Element kernels' launch shape: RA_CUDA_THREADS per block, grid-stride loops past 4096 blocks.
+constexpr int RA_CUDA_THREADS = 256;
+inline unsigned ra__cuda_blocks_for(size_t n)
+{
+    const size_t b = (n + RA_CUDA_THREADS - 1) / RA_CUDA_THREADS;
+    return (unsigned)(b < 4096 ? (b ? b : 1) : 4096);
+}
+
+// kernels/cuda/merge.cu: inference's float32 partials and their SPEC 5 merge (backend.h).
+ringattn_status_t ra__cuda_state_partial(struct ra_workspace *ws, const ra_kernel_params *prm,
+                                         const ra_fwd_io *io, float *part);
+ringattn_status_t ra__cuda_merge_f32(const ra_kernel_params *prm, const float *parts, int n,
+                                     size_t stride, const ra_view *o, float *lse, void *stream);
+
 // kernels/cuda/memory.cu: the backend's memory and element work.
 ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr);
 void ra__cuda_free(void *ptr);

@@ -69,14 +69,6 @@ ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, 
 
 namespace {
 
-constexpr int THREADS = 256;
-
-unsigned blocks_for(size_t n)
-{
-    const size_t b = (n + THREADS - 1) / THREADS;
-    return (unsigned)(b < 4096 ? (b ? b : 1) : 4096); // grid-stride loops past that
-}
-
 // The offset in elements of element i of a rows x heads x dim walk (row-major) over view v.
 __device__ __forceinline__ int64_t walk_at(const ra_view &v, int64_t i, int heads, int dim)
 {
@@ -149,7 +141,7 @@ ringattn_status_t ra__cuda_copy(const ra_copy *c, void *stream)
     const size_t n = (size_t)c->rows * c->heads * c->dim;
     if (!n) return RINGATTN_SUCCESS;
     int st;
-    RA_LAUNCH(st, copy_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, ra__cuda_stream(stream),
+    RA_LAUNCH(st, copy_kernel, dim3(ra__cuda_blocks_for(n)), dim3(RA_CUDA_THREADS), 0, ra__cuda_stream(stream),
               *c->src, *c->dst, c->rows, c->heads, c->dim, c->src_dtype != c->dst_dtype,
               c->dst_dtype == RINGATTN_BFLOAT16);
     RA_CUDA_TRY((cudaError_t)st, "copy kernel launch");
@@ -160,7 +152,7 @@ ringattn_status_t ra__cuda_add_f32(float *dst, const float *src, size_t n, void 
 {
     if (!n) return RINGATTN_SUCCESS;
     int st;
-    RA_LAUNCH(st, add_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, ra__cuda_stream(stream), dst,
+    RA_LAUNCH(st, add_kernel, dim3(ra__cuda_blocks_for(n)), dim3(RA_CUDA_THREADS), 0, ra__cuda_stream(stream), dst,
               src, n);
     RA_CUDA_TRY((cudaError_t)st, "add kernel launch");
     return RINGATTN_SUCCESS;
@@ -186,7 +178,7 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params
         const size_t n = (size_t)in[i].rows * in[i].heads * p->head_dim;
         if (!n) continue;
         int st;
-        RA_LAUNCH(st, absmax_kernel, dim3(blocks_for(n)), dim3(THREADS), 0, s, *in[i].v, in[i].rows,
+        RA_LAUNCH(st, absmax_kernel, dim3(ra__cuda_blocks_for(n)), dim3(RA_CUDA_THREADS), 0, s, *in[i].v, in[i].rows,
                   in[i].heads, p->head_dim, reinterpret_cast<unsigned *>(ws->absmax + i));
         RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
     }
@@ -195,7 +187,7 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params
     const size_t rows = (size_t)p->num_heads * (size_t)io->q_rows;
     if (io->lse && rows) {
         int st;
-        RA_LAUNCH(st, lossy_kernel, dim3(blocks_for(rows)), dim3(THREADS), 0, s, io->lse, rows,
+        RA_LAUNCH(st, lossy_kernel, dim3(ra__cuda_blocks_for(rows)), dim3(RA_CUDA_THREADS), 0, s, io->lse, rows,
                   lossy);
         RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
     }

@@ -18,23 +18,23 @@ static uint64_t fnv(uint64_t h, const void *data, size_t n)
     return h;
 }
 
-static int64_t hash_of(const void *data, size_t n)
+int64_t ra__hash_of(const void *data, size_t n)
 {
     return (int64_t)(fnv(0xcbf29ce484222325ull, data, n) >> 1); /* -hash cannot overflow */
 }
 
-#define FIELD(name, expr) {name, hash_of(&(expr), sizeof(expr))}
+#define FIELD(name, expr) {name, ra__hash_of(&(expr), sizeof(expr))}
 
 typedef struct field_hash {
     const char *name;
     int64_t hash;
 } field_hash;
 
-enum { NUM_FIELDS = 20 };
+enum { NUM_FIELDS = 23 };
 
 /* Every field that changes the result or the schedule (not num_threads or device: per-rank
    choices), and the backend the descriptor resolved to. */
-static void desc_fields(const ringattn_plan_desc_t *d, ringattn_backend_t backend,
+static void desc_fields(const ringattn_plan_desc_t *d, ringattn_backend_t backend, int ranks,
                         field_hash f[NUM_FIELDS])
 {
     const size_t n = (size_t)d->num_seqs + 1;
@@ -46,20 +46,27 @@ static void desc_fields(const ringattn_plan_desc_t *d, ringattn_backend_t backen
         FIELD("dtype", d->dtype),
         FIELD("layout", d->layout),
         FIELD("num_seqs", d->num_seqs),
-        {"cu_seqlens", d->cu_seqlens ? hash_of(d->cu_seqlens, n * sizeof(int32_t)) : 0},
-        {"cu_seqlens_k", d->cu_seqlens_k ? hash_of(d->cu_seqlens_k, n * sizeof(int32_t)) : 0},
+        {"cu_seqlens", d->cu_seqlens ? ra__hash_of(d->cu_seqlens, n * sizeof(int32_t)) : 0},
+        {"cu_seqlens_k", d->cu_seqlens_k ? ra__hash_of(d->cu_seqlens_k, n * sizeof(int32_t)) : 0},
         FIELD("causal", d->causal),
         FIELD("window_left", d->window_left),
         FIELD("window_right", d->window_right),
         FIELD("softmax_scale", d->softmax_scale),
         FIELD("softcap", d->softcap),
         {"alibi_slopes",
-         d->alibi_slopes ? hash_of(d->alibi_slopes, (size_t)d->num_heads * sizeof(float)) : 0},
+         d->alibi_slopes ? ra__hash_of(d->alibi_slopes, (size_t)d->num_heads * sizeof(float)) : 0},
         FIELD("key_bias_heads", d->key_bias_heads),
         FIELD("keep_k", d->keep_k),
         FIELD("block_q", d->block_q),
         FIELD("block_k", d->block_k),
         FIELD("backend", backend),
+        FIELD("sharded_cache", d->sharded_cache),
+        {"cache_bounds", d->cache_bounds ? ra__hash_of(d->cache_bounds, (size_t)d->num_seqs *
+                                                                      ((size_t)ranks + 1) *
+                                                                      sizeof(int32_t))
+                                         : 0},
+        {"cu_seqlens_new",
+         d->cu_seqlens_new ? ra__hash_of(d->cu_seqlens_new, n * sizeof(int32_t)) : 0},
     };
     memcpy(f, all, sizeof all);
 }
@@ -70,7 +77,7 @@ ringattn_status_t ra__plan_agree(ringattn_comm_t comm, const ringattn_plan_desc_
     field_hash f[NUM_FIELDS];
     int64_t vals[2 * NUM_FIELDS];
     if (local == RINGATTN_SUCCESS) {
-        desc_fields(desc, backend->kind, f);
+        desc_fields(desc, backend->kind, comm->size, f);
         for (int i = 0; i < NUM_FIELDS; ++i) {
             vals[2 * i] = f[i].hash;
             vals[2 * i + 1] = -f[i].hash;

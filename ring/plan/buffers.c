@@ -43,8 +43,7 @@ void ra__packed_sums_views(const struct ringattn_plan *p, void *buf, int64_t row
     *dbias = (float *)buf + rows * k->num_kv_heads * (int64_t)(k->head_dim + k->head_dim_v);
 }
 
-/* One backend buffer of `bytes` (none when 0), counted in b->bytes. */
-static ringattn_status_t backend_buf(const struct ringattn_plan *p, ra_buffers *b, size_t bytes,
+ringattn_status_t ra__buffer_backend(const struct ringattn_plan *p, ra_buffers *b, size_t bytes,
                                      void **out)
 {
     *out = NULL;
@@ -54,7 +53,7 @@ static ringattn_status_t backend_buf(const struct ringattn_plan *p, ra_buffers *
     return RINGATTN_SUCCESS;
 }
 
-static ringattn_status_t host_buf(ra_buffers *b, size_t bytes, void **out)
+ringattn_status_t ra__buffer_host(ra_buffers *b, size_t bytes, void **out)
 {
     *out = NULL;
     if (!bytes) return RINGATTN_SUCCESS;
@@ -80,26 +79,26 @@ static ringattn_status_t make_all(struct ringattn_plan *p, ra_buffers *b)
         sums = s > sums ? s : sums;
     }
     for (int i = 0; i < 2; ++i) {
-        RA_TRY(backend_buf(p, b, kv, &b->kv[i]));
-        RA_TRY(backend_buf(p, b, sums, &b->sums[i]));
+        RA_TRY(ra__buffer_backend(p, b, kv, &b->kv[i]));
+        RA_TRY(ra__buffer_backend(p, b, sums, &b->sums[i]));
     }
     const size_t own = ring ? ra__packed_sums_bytes(p, (int64_t)rows) : 0;
-    RA_TRY(backend_buf(p, b, own, &b->own_part));
-    RA_TRY(backend_buf(p, b, own, &b->returned));
-    RA_TRY(backend_buf(p, b, H * rows * sizeof(float), (void **)&b->m));
-    RA_TRY(backend_buf(p, b, H * rows * sizeof(float), (void **)&b->l));
-    RA_TRY(backend_buf(p, b, ring ? rows * H * dmax * sizeof(float) : 0, (void **)&b->acc));
-    RA_TRY(backend_buf(p, b, ring ? Hb * T * sizeof(float) : 0, (void **)&b->bias));
+    RA_TRY(ra__buffer_backend(p, b, own, &b->own_part));
+    RA_TRY(ra__buffer_backend(p, b, own, &b->returned));
+    RA_TRY(ra__buffer_backend(p, b, H * rows * sizeof(float), (void **)&b->m));
+    RA_TRY(ra__buffer_backend(p, b, H * rows * sizeof(float), (void **)&b->l));
+    RA_TRY(ra__buffer_backend(p, b, ring ? rows * H * dmax * sizeof(float) : 0, (void **)&b->acc));
+    RA_TRY(ra__buffer_backend(p, b, ring ? Hb * T * sizeof(float) : 0, (void **)&b->bias));
     const size_t thr = k->selects ? (size_t)Hb * rows : 0;
-    RA_TRY(backend_buf(p, b, thr * sizeof(float), (void **)&b->thr_b));
-    RA_TRY(backend_buf(p, b, thr * sizeof(int64_t), (void **)&b->thr_p));
-    RA_TRY(host_buf(b, Hb * local_keys * sizeof(float), (void **)&b->host_own_bias));
-    RA_TRY(host_buf(b, ring ? Hb * T * sizeof(float) : 0, (void **)&b->host_bias));
-    RA_TRY(host_buf(b, ring && k->selects ? Hb * T * sizeof(float) : 0,
+    RA_TRY(ra__buffer_backend(p, b, thr * sizeof(float), (void **)&b->thr_b));
+    RA_TRY(ra__buffer_backend(p, b, thr * sizeof(int64_t), (void **)&b->thr_p));
+    RA_TRY(ra__buffer_host(b, Hb * local_keys * sizeof(float), (void **)&b->host_own_bias));
+    RA_TRY(ra__buffer_host(b, ring ? Hb * T * sizeof(float) : 0, (void **)&b->host_bias));
+    RA_TRY(ra__buffer_host(b, ring && k->selects ? Hb * T * sizeof(float) : 0,
                     (void **)&b->host_global));
-    RA_TRY(host_buf(b, ((size_t)p->ranks + 1) * sizeof(int64_t), (void **)&b->bias_at));
-    RA_TRY(host_buf(b, (size_t)p->ranks * sizeof(size_t), (void **)&b->bias_bytes));
-    RA_TRY(host_buf(b, (size_t)p->num_steps, (void **)&b->run));
+    RA_TRY(ra__buffer_host(b, ((size_t)p->ranks + 1) * sizeof(int64_t), (void **)&b->bias_at));
+    RA_TRY(ra__buffer_host(b, (size_t)p->ranks * sizeof(size_t), (void **)&b->bias_bytes));
+    RA_TRY(ra__buffer_host(b, (size_t)p->num_steps, (void **)&b->run));
     b->bias_at[0] = 0;
     for (int r = 0; r < p->ranks; ++r) {
         b->bias_at[r + 1] = b->bias_at[r] + (int64_t)Hb * (ring ? p->shards[r].rows : 0);
@@ -121,7 +120,8 @@ void ra__buffers_free(struct ringattn_plan *p)
     ra_buffers *b = p->buf;
     if (!b) return;
     void *dev[] = {b->kv[0], b->kv[1], b->sums[0], b->sums[1], b->own_part, b->returned,
-                   b->m,     b->l,     b->acc,     b->bias,    b->thr_b,    b->thr_p};
+                   b->m,     b->l,     b->acc,     b->bias,    b->thr_b,    b->thr_p,
+                   b->parts, b->q_packed};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; ++i)
         if (dev[i]) p->be->free(dev[i]);
     free(b->host_own_bias);
@@ -130,6 +130,7 @@ void ra__buffers_free(struct ringattn_plan *p)
     free(b->bias_at);
     free(b->bias_bytes);
     free(b->run);
+    free(b->host_q);
     free(b);
     p->buf = NULL;
 }

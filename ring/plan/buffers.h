@@ -42,11 +42,22 @@ typedef struct ra_buffers {
     int64_t *bias_at;     /* [ranks + 1] where each shard's bias starts in bias, host_bias */
     size_t *bias_bytes;   /* [ranks] bytes of each shard's bias (the gather's sizes) */
     unsigned char *run;   /* [num_steps] this call's decisions: does step t compute */
+    /* a KV cache plan's (ring/plan/cache.c) */
+    float *parts;         /* backend: [live_parts] float32 partials of part_floats each */
+    size_t part_floats;   /* O [query rows, H, D_v] then LSE [H, query rows] */
+    void *q_packed;       /* backend: this call's Q packed, hashed in the call's agreement */
+    unsigned char *host_q; /* its host copy (device backends) */
+    float *host_new_bias; /* the last rank's: [H_b, new keys] the new tokens' bias (checks, the
+                             selection), after its own in host_own_bias (one gather) */
     size_t bytes;         /* backend memory held */
     size_t host_bytes;    /* host memory held */
 } ra_buffers;
 
 ringattn_status_t ra__buffers_make(struct ringattn_plan *p);
+/* One buffer of `bytes` in the backend's memory or the host's (none when 0), counted in b. */
+ringattn_status_t ra__buffer_backend(const struct ringattn_plan *p, ra_buffers *b, size_t bytes,
+                                     void **out);
+ringattn_status_t ra__buffer_host(ra_buffers *b, size_t bytes, void **out);
 void ra__buffers_free(struct ringattn_plan *p);
 
 #endif

@@ -55,16 +55,27 @@ static ringattn_status_t check_shapes(const ringattn_plan_desc_t *d)
              d->num_seqs, INT32_MAX - 1);
     RA_TRY(check_cu_seqlens("cu_seqlens", d->cu_seqlens, d->num_seqs));
     if (d->cu_seqlens_k) RA_TRY(check_cu_seqlens("cu_seqlens_k", d->cu_seqlens_k, d->num_seqs));
+    if (d->cu_seqlens_new)
+        RA_TRY(check_cu_seqlens("cu_seqlens_new", d->cu_seqlens_new, d->num_seqs));
     return RINGATTN_SUCCESS;
+}
+
+/* Keys of sequence s: the cache's (cu_seqlens_k, or the queries') and the new tokens'. */
+static int64_t key_length(const ringattn_plan_desc_t *d, int s)
+{
+    const int32_t *ck = d->cu_seqlens_k ? d->cu_seqlens_k : d->cu_seqlens;
+    const int64_t cached = (int64_t)ck[s + 1] - ck[s];
+    return cached + (d->cu_seqlens_new ? (int64_t)d->cu_seqlens_new[s + 1] - d->cu_seqlens_new[s]
+                                       : 0);
 }
 
 /* The longest |p_i + delta - p_j| of SPEC 2 over any pair of one sequence: max(L_q, L_k) - 1. */
 static int64_t longest_distance(const ringattn_plan_desc_t *d)
 {
-    const int32_t *cq = d->cu_seqlens, *ck = d->cu_seqlens_k ? d->cu_seqlens_k : cq;
+    const int32_t *cq = d->cu_seqlens;
     int64_t far = 0;
     for (int s = 0; s < d->num_seqs; ++s) {
-        const int64_t lq = (int64_t)cq[s + 1] - cq[s], lk = (int64_t)ck[s + 1] - ck[s];
+        const int64_t lq = (int64_t)cq[s + 1] - cq[s], lk = key_length(d, s);
         const int64_t l = lq > lk ? lq : lk;
         far = l - 1 > far ? l - 1 : far;
     }
@@ -195,6 +206,43 @@ static ringattn_status_t check_transport(ringattn_comm_t comm, const ringattn_pl
     return RINGATTN_SUCCESS;
 }
 
+/*
+ * Inference against a KV cache (ringattn.h: sharded_cache, cache_bounds, cu_seqlens_new). In a
+ * ring the queries and keys are one set of tokens; a sharded cache splits only the keys.
+ */
+static ringattn_status_t check_cache(ringattn_comm_t comm, const ringattn_plan_desc_t *d)
+{
+    const int ranks = comm ? comm->size : 1;
+    if (comm && !d->sharded_cache) {
+        RA_CHECK(!d->cu_seqlens_new, RINGATTN_ERR_INVALID_ARGUMENT,
+                 FN ": cu_seqlens_new: got an array in a ring, expected NULL (new K/V are "
+                    "attended by a single-rank or a sharded_cache plan)");
+        for (int s = 0; d->cu_seqlens_k && s <= d->num_seqs; ++s)
+            RA_CHECK(d->cu_seqlens_k[s] == d->cu_seqlens[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": cu_seqlens_k[%d]: got %d, expected %d (in a ring queries and keys "
+                        "are the same tokens; use NULL, or sharded_cache for a KV cache split "
+                        "across the ranks)",
+                     s, (int)d->cu_seqlens_k[s], (int)d->cu_seqlens[s]);
+    }
+    if (!d->cache_bounds) return RINGATTN_SUCCESS;
+    RA_CHECK(d->sharded_cache, RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": cache_bounds: got an array with sharded_cache = 0, expected NULL");
+    const int32_t *ck = d->cu_seqlens_k ? d->cu_seqlens_k : d->cu_seqlens;
+    for (int s = 0; s < d->num_seqs; ++s) {
+        const int32_t *b = d->cache_bounds + (int64_t)s * (ranks + 1);
+        RA_CHECK(b[0] == 0 && b[ranks] == ck[s + 1] - ck[s], RINGATTN_ERR_INVALID_ARGUMENT,
+                 FN ": cache_bounds of sequence %d: got %d .. %d, expected 0 .. %d (its cached "
+                    "keys; %d ranks + 1 entries per sequence)",
+                 s, (int)b[0], (int)b[ranks], (int)(ck[s + 1] - ck[s]), ranks);
+        for (int r = 0; r < ranks; ++r)
+            RA_CHECK(b[r + 1] >= b[r], RINGATTN_ERR_INVALID_ARGUMENT,
+                     FN ": cache_bounds of sequence %d: got %d for rank %d after %d, expected "
+                        "non-decreasing",
+                     s, (int)b[r + 1], r + 1, (int)b[r]);
+    }
+    return RINGATTN_SUCCESS;
+}
+
 /* Everything a rank can check alone about its descriptor. */
 ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_t *caller,
                                  ringattn_plan_desc_t *desc, const struct ra_backend **backend)
@@ -207,12 +255,6 @@ ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_
     RA_TRY(check_tuning(desc));
     RA_TRY(check_backend(desc, backend));
     RA_TRY(check_transport(comm, desc, *backend));
-    if (comm && desc->cu_seqlens_k)
-        for (int s = 0; s <= desc->num_seqs; ++s)
-            RA_CHECK(desc->cu_seqlens_k[s] == desc->cu_seqlens[s], RINGATTN_ERR_INVALID_ARGUMENT,
-                     FN ": cu_seqlens_k[%d]: got %d, expected %d (in a ring queries and keys are "
-                        "the same tokens; use NULL)",
-                     s, (int)desc->cu_seqlens_k[s], (int)desc->cu_seqlens[s]);
-    return RINGATTN_SUCCESS;
+    return check_cache(comm, desc);
 }
 

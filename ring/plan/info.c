@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "ring/compat.h"
 #include "ring/plan/buffers.h"
+#include "ring/plan/cache.h"
 #include "ring/plan/info.h"
 #include "ring/plan/schedule.h"
 
@@ -10,7 +11,10 @@
 static void info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
 {
     size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
-    if (p->ranks > 1) ra__schedule_traffic(p, fwd, bwd);
+    if (p->cache)
+        ra__cache_traffic(p, fwd);
+    else if (p->ranks > 1)
+        ra__schedule_traffic(p, fwd, bwd);
     info->rank = p->rank;
     info->ranks = p->ranks;
     info->local_tokens = p->kp.queries->rows;
@@ -25,8 +29,10 @@ static void info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
     info->device = p->be->kind == RINGATTN_BACKEND_CPU ? -1 : p->device;
     info->block_q = p->kp.block_q;
     info->block_k = p->kp.block_k;
-    const int64_t others = p->ranks > 1 ? p->cu_q[p->kp.num_seqs] - ra__local_keys(p)->rows : 0;
-    info->bias_bytes_received = (size_t)others * p->kp.bias_heads * sizeof(float);
+    /* the other ranks' bias: a ring's always, a cache's for a selection only */
+    const int64_t others = p->cu_cache[p->kp.num_seqs] - ra__local_keys(p)->rows;
+    const int gathered = p->ranks > 1 && (!p->cache || p->kp.selects);
+    info->bias_bytes_received = gathered ? (size_t)others * p->kp.bias_heads * sizeof(float) : 0;
     info->workspace_bytes = p->ws_bytes;
     info->buffer_bytes = p->buf->bytes;
     info->host_bytes = p->host_bytes + p->buf->host_bytes;

@@ -26,6 +26,13 @@ int ra__layout_spans(ringattn_layout_t layout, int P, int r, int32_t seq, int64_
    P = 1 this is one segment per non-empty sequence at row cu[s]. */
 ringattn_status_t ra__shard_make(ringattn_layout_t layout, int P, int r, const int32_t *cu,
                                  int num_seqs, ra_shard *out);
+/* A KV cache's shards (ring/plan/cache.c): rank r's slots of every sequence by the
+   descriptor's cache_bounds ([num_seqs * (P + 1)]), and the new tokens' keys, each sequence's
+   after its cu_cache keys (rows: the packed batch of cu_new). */
+ringattn_status_t ra__shard_make_bounds(const int32_t *bounds, int P, int r, int num_seqs,
+                                        ra_shard *out);
+ringattn_status_t ra__shard_make_new(const int32_t *cu_cache, const int32_t *cu_new, int num_seqs,
+                                     ra_shard *out);
 void ra__shard_free(ra_shard *sh);
 
 #endif

@@ -12,6 +12,7 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "ring/plan/agree.h"
+#include "ring/plan/cache.h"
 #include "ring/plan/buffers.h"
 #include "ring/plan/check.h"
 #include "ring/plan/info.h"
@@ -69,6 +70,10 @@ static void plan_free(struct ringattn_plan *p)
     free(p->delta);
     free(p->cu_q);
     free(p->cu_k);
+    free(p->cu_cache);
+    free(p->cu_new);
+    free(p->cache_bounds);
+    free(p->part_slot);
     free(p->alibi);
     free(p);
 }
@@ -81,12 +86,14 @@ static void plan_free(struct ringattn_plan *p)
 static ringattn_status_t plan_shards(struct ringattn_plan *p)
 {
     const int n = p->kp.num_seqs;
-    p->num_shards = p->ranks;
+    p->num_shards = p->ranks + (p->cu_new != NULL);
     p->shards = calloc((size_t)p->num_shards, sizeof *p->shards);
     RA_CHECK(p->shards, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
-    if (!p->comm) {
+    if (p->cache) {
+        RA_TRY(ra__cache_shards(p));
+    } else if (!p->comm) {
         RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, n, &p->queries));
-        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_k, n, &p->shards[0]));
+        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_cache, n, &p->shards[0]));
         p->kp.queries = &p->queries;
     } else {
         for (int r = 0; r < p->ranks; ++r)
@@ -95,6 +102,7 @@ static ringattn_status_t plan_shards(struct ringattn_plan *p)
     }
     p->kp.num_key_shards = p->num_shards;
     p->kp.key_shards = p->shards;
+    p->kp.carries_state = p->num_shards > 1 || p->cache;
     /* ra__shard_make's arrays: segments of up to two spans per sequence, seq_first */
     p->host_bytes += (size_t)(p->num_shards + !p->comm) *
                      (((size_t)n * 2 + 1) * sizeof(ra_segment) + ((size_t)n + 1) * sizeof(int32_t));
@@ -121,13 +129,28 @@ static void params_fill(ra_kernel_params *k, const ringattn_plan_desc_t *d)
     k->device = d->device;
 }
 
-/* The descriptor's arrays, owned: cu_seqlens (and _k), delta of SPEC 2, ALiBi slopes. */
+/* The descriptor's arrays, owned: cu_seqlens (_k, _new), delta of SPEC 2, ALiBi slopes. */
 static ringattn_status_t plan_arrays(struct ringattn_plan *p, const ringattn_plan_desc_t *d)
 {
     const size_t n = (size_t)d->num_seqs;
     p->cu_q = plan_copy(p, d->cu_seqlens, (n + 1) * sizeof(int32_t));
-    p->cu_k = plan_copy(p, d->cu_seqlens_k ? d->cu_seqlens_k : d->cu_seqlens,
-                        (n + 1) * sizeof(int32_t));
+    p->cu_cache = plan_copy(p, d->cu_seqlens_k ? d->cu_seqlens_k : d->cu_seqlens,
+                            (n + 1) * sizeof(int32_t));
+    RA_CHECK(p->cu_cache, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    p->cu_k = plan_copy(p, p->cu_cache, (n + 1) * sizeof(int32_t));
+    if (d->cu_seqlens_new) {
+        p->cu_new = plan_copy(p, d->cu_seqlens_new, (n + 1) * sizeof(int32_t));
+        RA_CHECK(p->cu_new, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
+    if (d->cache_bounds) {
+        p->cache_bounds =
+            plan_copy(p, d->cache_bounds, n * ((size_t)p->ranks + 1) * sizeof(int32_t));
+        RA_CHECK(p->cache_bounds, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
+    RA_CHECK(p->cu_k, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    for (size_t s = 0; p->cu_new && s < n; ++s) /* every key: the cached then the new */
+        p->cu_k[s + 1] = p->cu_k[s] + (p->cu_cache[s + 1] - p->cu_cache[s]) +
+                         (p->cu_new[s + 1] - p->cu_new[s]);
     p->alibi = d->alibi_slopes
                    ? plan_copy(p, d->alibi_slopes, (size_t)d->num_heads * sizeof(float))
                    : NULL;
@@ -156,6 +179,8 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     p->be = be;
     p->device = d->device;
     p->keep_k = d->keep_k;
+    p->cache = d->sharded_cache || d->cu_seqlens_new;
+    p->new_shard = d->cu_seqlens_new ? p->ranks : -1;
     params_fill(&p->kp, d);
     RA_TRY(plan_arrays(p, d));
     /* SPEC 6: a row with at most keep_k valid keys keeps them all, so keep_k >= every sequence's
@@ -164,10 +189,10 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     RA_TRY(plan_shards(p));
     RA_TRY(be->prepare(&p->kp));
     p->device = p->kp.device; /* resolved: -1 became the current device */
-    RA_TRY(ra__schedule_make(p));
+    RA_TRY(p->cache ? ra__cache_schedule(p) : ra__schedule_make(p));
     RA_TRY(ra__select_make(p));
     const int previous = ra__device_enter(p); /* the buffers live on the plan's device */
-    ringattn_status_t st = ra__buffers_make(p);
+    ringattn_status_t st = p->cache ? ra__cache_buffers(p) : ra__buffers_make(p);
     if (st == RINGATTN_SUCCESS) st = be->workspace_create(&p->kp, &p->ws, &p->ws_bytes);
     ra__device_leave(p, previous);
     return st;

@@ -15,7 +15,11 @@
 struct ringattn_plan {
     ra_kernel_params kp; /* shapes, masks, tiles, tokens: all a kernel sees (kernels/params.h) */
     /* owned copies of the descriptor's arrays, and derived values */
-    int32_t *cu_q, *cu_k; /* [num_seqs + 1] the global batch's boundaries (SPEC 1) */
+    int32_t *cu_q, *cu_k; /* [num_seqs + 1] the global batch's boundaries (SPEC 1): queries,
+                             and every key (cached and new) */
+    int32_t *cu_cache;    /* [num_seqs + 1] the keys of the caller's K, V (cu_seqlens_k) */
+    int32_t *cu_new;      /* [num_seqs + 1] new tokens' K/V (cu_seqlens_new), or NULL */
+    int32_t *cache_bounds; /* the descriptor's per-rank slot ranges, or NULL */
     int64_t *delta;       /* [num_seqs] kp.delta */
     float *alibi;         /* [num_heads] or NULL: kp.alibi */
     int keep_k;           /* SPEC 6, 0 = no selection */
@@ -27,6 +31,16 @@ struct ringattn_plan {
     ra_shard *shards;
     int num_shards;
     ra_shard queries;
+    /* Inference (ring/cache.c): a sharded cache, or new K/V. shards[ranks] is then the new
+       tokens' keys (new_shard, else -1), attended on the last rank. part_slot[r]: where rank
+       r's partial sits among the live_parts partials that can be non-empty, in rank order, or
+       -1 when no query meets any key of rank r (its partial is empty and never sent). */
+    int cache;
+    int new_shard;
+    int *part_slot;
+    int live_parts;
+    unsigned char cache_meets; /* some query meets this rank's cached keys */
+    unsigned char new_meets;   /* ... the new keys (the last rank only) */
     /* the backend and what it holds for the plan */
     const struct ra_backend *be;
     int device;
@@ -47,7 +61,7 @@ struct ringattn_plan {
     size_t host_bytes;           /* host memory the plan holds besides buf and ws */
 };
 
-/* This rank's own keys: its shard in a ring, every key on one rank. */
+/* This rank's own keys: its shard in a ring or a sharded cache, every cached key on one rank. */
 static inline const ra_shard *ra__local_keys(const struct ringattn_plan *p)
 {
     return &p->shards[p->ranks > 1 ? p->rank : 0];

@@ -17,8 +17,7 @@ size_t ra__shard_grad_bytes(const struct ringattn_plan *p, int r)
     return ra__packed_sums_bytes(p, p->shards[r].rows);
 }
 
-/* Does any query of shard a see any key of shard b? Exact (SPEC 3 over every segment pair). */
-static int shards_meet(const struct ringattn_plan *p, const ra_shard *a, const ra_shard *b)
+int ra__shards_meet(const struct ringattn_plan *p, const ra_shard *a, const ra_shard *b)
 {
     for (int i = 0; i < a->num_segs; ++i) {
         const ra_span *q = &a->segs[i].span;
@@ -85,7 +84,7 @@ ringattn_status_t ra__schedule_make(struct ringattn_plan *p)
     for (int s = 0; P > 1 && s < P; ++s) {
         for (int j = 1; j < P; ++j) { /* rank s + j meets shard s at step j */
             const int r = (s + j) % P;
-            if (!shards_meet(p, &p->shards[r], &p->shards[s])) continue;
+            if (!ra__shards_meet(p, &p->shards[r], &p->shards[s])) continue;
             p->last_hop[s] = j;
             if (r == p->rank) p->step_compute[j] = 1;
         }

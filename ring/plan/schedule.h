@@ -13,6 +13,9 @@
  */
 ringattn_status_t ra__schedule_make(struct ringattn_plan *p);
 
+/* Does any query of shard a see any key of shard b? Exact (SPEC 3 over every segment pair). */
+int ra__shards_meet(const struct ringattn_plan *p, const ra_shard *a, const ra_shard *b);
+
 /* The shard rank r holds at step t, and whether it still travels on after that step. */
 static inline int ra__held_shard(const struct ringattn_plan *p, int r, int t)
 {

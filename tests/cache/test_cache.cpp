@@ -1,0 +1,278 @@
+// Inference against a KV cache (ringattn.h: sharded_cache, cache_bounds, cu_seqlens_new): the
+// cache split across P = 1..4 ranks of the threads transport (the device one, or NCCL, on the
+// CUDA backend) or held by one rank without a comm, every query on every rank, against the
+// float64 oracle of the same keys under SPEC 9, every rank's O and LSE bitwise the same. SPEC 10
+// case 1 with whole shards outside the window; random decode and chunked prefill over every mask,
+// GQA, softcap, ALiBi, dtype, layout, caller-given slot ranges and dynamic masks (the top-k over
+// the whole cache); cached + new K/V against the concatenation; the traffic skipped ranks save;
+// bad input refused on every rank.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "cache/cache_harness.hpp"
+#include "ring/ring_check.hpp"
+#include "support/cases.hpp"
+#include "support/device.hpp"
+
+using cachetest::CacheLayout;
+using cachetest::CacheOptions;
+using cachetest::CacheResult;
+using cachetest::run_cache;
+using ratest::AttnConfig;
+using ratest::Problem;
+
+namespace {
+
+bool on_cuda() { return ratest::test_backend() == RINGATTN_BACKEND_CUDA; }
+
+// Tile sizes for the CPU backend (the CUDA kernels take their own).
+void set_tiles(AttnConfig &c, int bq, int bk)
+{
+    c.block_q = on_cuda() ? 0 : bq;
+    c.block_k = on_cuda() ? 0 : bk;
+}
+
+// r succeeded on every rank, each rank's O and LSE bitwise rank 0's, and rank 0's within SPEC 9.
+void check_cache(const CacheResult &r, const ratest::Spec9 &judge, const Problem &pb,
+                 const std::string &label)
+{
+    INFO(label << ": " << pb.cfg.describe());
+    REQUIRE(r.status == RINGATTN_SUCCESS);
+    for (size_t k = 1; k < r.o.size(); ++k) {
+        INFO("rank " << k << " against rank 0");
+        CHECK(ringtest::same_bits(r.o[k], r.o[0]));
+        CHECK(ringtest::same_bits(r.lse[k], r.lse[0]));
+    }
+    ratest::Spec9Options opt;
+    opt.backward = false;
+    opt.label = label;
+    judge.check(r.got(pb.cfg), opt);
+}
+
+ratest::Spec9 forward_judge(const Problem &pb)
+{
+    return ratest::Spec9(pb.cfg, pb.q.to_dense(), pb.k.to_dense(), pb.v.to_dense(),
+                         pb.dout.to_dense(), false);
+}
+
+// SPEC 10 case 1: 576 of 700 slots filled, one query at 575, window (59, 0), key blocks of 512.
+AttnConfig chunked_kv_case(ringattn_dtype_t dt)
+{
+    AttnConfig c;
+    c.H = 2;
+    c.Hkv = 1;
+    c.D = 32;
+    c.dtype = dt;
+    c.cu_q = {0, 1};
+    c.cu_k = {0, 576};
+    c.causal = true;
+    c.wl = 59;
+    set_tiles(c, 64, 512);
+    return c;
+}
+
+} // namespace
+
+TEST_CASE("SPEC 10 case 1 on a sharded cache: whole shards outside the window compute and send "
+          "nothing, poisoned slots are never read")
+{
+    for (ringattn_dtype_t dt : ratest::all_dtypes) {
+        const AttnConfig c = chunked_kv_case(dt);
+        Problem pb = ratest::packed_problem(c, ratest::seed_for("cache case 1", (uint64_t)dt));
+        // keys 0..287 are in the first, entirely masked block (P = 1) or on ranks whose every
+        // key is outside the window (P = 2, 3, 4): NaN there must never reach the result
+        Problem poisoned = pb;
+        for (int64_t j = 0; j < 288; ++j)
+            for (int cc = 0; cc < c.D; ++cc) {
+                poisoned.k.set(j, 0, cc, NAN);
+                poisoned.v.set(j, 0, cc, NAN);
+            }
+        const ratest::Spec9 judge = forward_judge(pb);
+        CacheLayout l;
+        l.unfilled = 700 - 576; // after each rank's slots: the unfilled tail of its buffer
+        for (int P = 0; P <= 4; ++P) {
+            const std::string label = "dtype " + std::to_string(dt) + ", ranks " + std::to_string(P);
+            const CacheResult a = run_cache(pb, l, P, RINGATTN_LAYOUT_CONTIGUOUS);
+            check_cache(a, judge, pb, label);
+            const CacheResult b = run_cache(poisoned, l, P, RINGATTN_LAYOUT_CONTIGUOUS);
+            REQUIRE(b.status == RINGATTN_SUCCESS);
+            CHECK(ringtest::same_bits(a.o[0], b.o[0]));
+            CHECK(ringtest::same_bits(a.lse[0], b.lse[0]));
+            if (P < 2) continue;
+            // only the last rank's keys meet the query: one partial of 1 x 2 x 32 floats + 2
+            // LSEs travels, P - 1 hops; every other rank sends nothing of its own
+            const size_t part = (size_t)(1 * 2 * 32 + 2) * sizeof(float);
+            for (int r = 0; r < P; ++r) {
+                INFO(label << ", rank " << r);
+                CHECK(a.info[(size_t)r].forward_bytes_sent == (r == P - 2 ? 0 : part));
+                CHECK(a.info[(size_t)r].forward_bytes_received == (r == P - 1 ? 0 : part));
+                CHECK(a.info[(size_t)r].compute_steps == (r == P - 1 ? 1 : 0));
+            }
+        }
+    }
+}
+
+namespace {
+
+// A random decode (1..4 queries per sequence) or chunked prefill (a chunk of 9..40) batch
+// against caches of 0..300 keys, with new tokens' K/V (the queries' own, as a decode step has)
+// half of the time.
+struct Drawn {
+    AttnConfig cfg;
+    CacheLayout layout;
+};
+
+Drawn draw(std::mt19937_64 &rng, int ranks)
+{
+    Drawn d;
+    AttnConfig &c = d.cfg;
+    const bool prefill = rng() % 3 == 0, fresh = rng() % 2 == 0;
+    const int nseq = 1 + (int)(rng() % 3);
+    c.H = ratest::pick(rng, {2, 4});
+    c.Hkv = ratest::pick(rng, {1, 2});
+    c.D = ratest::pick(rng, {16, 32, 40});
+    c.Dv = rng() % 4 == 0 ? 24 : 0;
+    c.dtype = ratest::all_dtypes[rng() % 3];
+    std::vector<int> lq, lk, ln;
+    for (int s = 0; s < nseq; ++s) {
+        const int q = prefill ? 9 + (int)(rng() % 32) : 1 + (int)(rng() % 4);
+        const int cached = rng() % 8 == 0 ? 0 : (int)(rng() % 301);
+        lq.push_back(q);
+        ln.push_back(fresh ? q : 0);
+        lk.push_back(cached + (fresh ? q : 0));
+    }
+    c.cu_q = ratest::cu_from_lengths(lq);
+    c.cu_k = ratest::cu_from_lengths(lk);
+    if (fresh) d.layout.cu_new = ratest::cu_from_lengths(ln);
+    static const ratest::Mask masks[] = {{"none", 0, -1, -1},         {"causal", 1, -1, -1},
+                                         {"sliding window", 1, 40, 0}, {"narrow window", 1, 3, 0},
+                                         {"band", 0, 20, 5}};
+    ratest::apply(c, masks[rng() % 5]);
+    ratest::set_random_logit_options(c, rng);
+    if (rng() % 4 == 0) { // dynamic masks: the selection over the whole cache
+        c.key_bias_heads = ratest::pick(rng, {1, c.hkv()});
+        c.keep_k = rng() % 2 ? 0 : ratest::pick(rng, {5, 30});
+    }
+    set_tiles(c, ratest::pick(rng, {8, 16, 64}), ratest::pick(rng, {16, 24, 64}));
+    if (ranks > 0 && rng() % 3 == 0) { // slot ranges of the caller's: appended rank by rank
+        const std::vector<int32_t> cu_cache = cachetest::cached_keys(c, d.layout);
+        for (int s = 0; s < nseq; ++s) {
+            const int32_t len = cu_cache[(size_t)s + 1] - cu_cache[(size_t)s];
+            std::vector<int32_t> cut{0, len};
+            for (int r = 1; r < ranks; ++r) cut.push_back((int32_t)(rng() % (uint64_t)(len + 1)));
+            std::sort(cut.begin(), cut.end());
+            d.layout.bounds.insert(d.layout.bounds.end(), cut.begin(), cut.end());
+        }
+    }
+    return d;
+}
+
+} // namespace
+
+TEST_CASE("Random decode and chunked prefill against a sharded cache match the float64 oracle "
+          "on every rank")
+{
+    const int cases = on_cuda() ? 10 : 48;
+    for (int i = 0; i < cases; ++i) {
+        std::mt19937_64 rng(ratest::seed_for("cache random", (uint64_t)i));
+        const int ranks = i % 5; // 0: no comm
+        const Drawn d = draw(rng, ranks);
+        const ringattn_layout_t layout = ringtest::all_layouts[rng() % 3];
+        Problem pb = ratest::packed_problem(d.cfg, ratest::seed_for("cache random pb", (uint64_t)i));
+        const std::string label = "case " + std::to_string(i) + ", ranks " + std::to_string(ranks) +
+                                  ", layout " + std::to_string(layout) +
+                                  (d.layout.bounds.empty() ? "" : ", caller's bounds") +
+                                  (d.layout.cu_new.empty() ? "" : ", new K/V");
+        check_cache(run_cache(pb, d.layout, ranks, layout), forward_judge(pb), pb, label);
+    }
+}
+
+TEST_CASE("Cached + new K/V in one call equals attending the concatenation")
+{
+    for (ringattn_dtype_t dt : ratest::all_dtypes) {
+        AttnConfig c;
+        c.H = 4;
+        c.Hkv = 2;
+        c.D = 32;
+        c.dtype = dt;
+        c.cu_q = {0, 3, 35};   // a decode step of 3 tokens and a prefill chunk of 32
+        c.cu_k = {0, 131, 291}; // caches of 128 and 128, then the queries' own K/V
+        c.causal = true;
+        set_tiles(c, 16, 64);  // 128 cached keys: the concatenation's tiles end where they do
+        Problem pb = ratest::packed_problem(c, ratest::seed_for("cache concat", (uint64_t)dt));
+        CacheLayout fresh;
+        fresh.cu_new = {0, 3, 35};
+        const CacheResult joined = run_cache(pb, fresh, 0, RINGATTN_LAYOUT_CONTIGUOUS);
+        check_cache(joined, forward_judge(pb), pb, "cached + new, one rank");
+        // the concatenation on a plain single-rank plan: the same tiles in the same order, so
+        // the same bits (the state carried between the two key sources in float32)
+        ratest::Plan plan(c);
+        ratest::require_plan(plan);
+        pb.poison_forward_outputs();
+        REQUIRE(ratest::run_forward(plan, pb) == RINGATTN_SUCCESS);
+        const ratest::Dense concat_o = pb.o.to_dense();
+        const ratest::Got got = joined.got(c);
+        size_t differ = 0;
+        for (size_t i = 0; i < concat_o.v.size(); ++i) differ += got.O.v[i] != concat_o.v[i];
+        for (size_t i = 0; i < pb.lse.size(); ++i) differ += (float)got.lse[i] != pb.lse[i];
+        CHECK(differ == 0);
+        // and sharded over 2 and 3 ranks, the last attending the new K/V
+        for (int P : {2, 3})
+            check_cache(run_cache(pb, fresh, P, RINGATTN_LAYOUT_CONTIGUOUS), forward_judge(pb), pb,
+                        "cached + new, ranks " + std::to_string(P));
+    }
+}
+
+TEST_CASE("Bad input to a KV cache plan is refused with a message, on every rank")
+{
+    AttnConfig c = chunked_kv_case(RINGATTN_FLOAT32);
+    c.cu_q = {0, 2};
+    Problem pb = ratest::packed_problem(c, 77);
+    SECTION("queries that differ between ranks: caught by the call's agreement")
+    {
+        CacheOptions opt;
+        opt.edit_q = [](int rank, std::vector<unsigned char> &q) {
+            if (rank == 1) q[5] ^= 0x10;
+        };
+        const CacheResult r = run_cache(pb, CacheLayout(), 3, RINGATTN_LAYOUT_CONTIGUOUS, opt);
+        for (ringattn_status_t st : r.rank_status) CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
+    }
+    SECTION("descriptors")
+    {
+        ringattn_plan_desc_t d = ratest::make_desc(c);
+        ringattn_plan_t plan = nullptr;
+        const int32_t bad_new[] = {0, 3, 1};
+        d.num_seqs = 1;
+        d.cu_seqlens_new = bad_new + 1; // {3, 1}: does not start at 0
+        CHECK(ringattn_plan_create(nullptr, &d, &plan) == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(ringattn_last_error()).find("cu_seqlens_new") != std::string::npos);
+        d.cu_seqlens_new = nullptr;
+        const int32_t bounds[] = {0, 100}; // one rank: 0 .. its 576 keys expected
+        d.sharded_cache = 1;
+        d.cache_bounds = bounds;
+        CHECK(ringattn_plan_create(nullptr, &d, &plan) == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(ringattn_last_error()).find("cache_bounds") != std::string::npos);
+        d.sharded_cache = 0; // bounds without a sharded cache
+        CHECK(ringattn_plan_create(nullptr, &d, &plan) == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(plan == nullptr);
+    }
+    SECTION("a backward, missing new K/V")
+    {
+        ringattn_plan_desc_t d = ratest::make_desc(c);
+        const int32_t cu_new[] = {0, 2};
+        d.cu_seqlens_new = cu_new;
+        ringattn_plan_t plan = nullptr;
+        REQUIRE(ringattn_plan_create(nullptr, &d, &plan) == RINGATTN_SUCCESS);
+        ringattn_tensors_t t = pb.tensors();
+        CHECK(ringattn_backward(plan, &t, nullptr) == RINGATTN_ERR_UNSUPPORTED);
+        CHECK(std::string(ringattn_last_error()).find("forward only") != std::string::npos);
+        t.k_new.data = nullptr; // the new tokens' K is needed
+        CHECK(ringattn_forward(plan, &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(ringattn_last_error()).find("k_new") != std::string::npos);
+        ringattn_plan_destroy(plan);
+    }
+}
