@@ -72,14 +72,15 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     d.cache_bounds = l.bounds.empty() ? nullptr : l.bounds.data();
     d.cu_seqlens_new = l.cu_new.empty() ? nullptr : l.cu_new.data();
     if (opt.ring.desc_hook) opt.ring.desc_hook(rank, d);
-    auto fail = [&](ringattn_status_t st) {
+    auto fail = [&](ringattn_status_t st, const std::string &why) {
         std::lock_guard<std::mutex> lk(mu);
         if (res.status == RINGATTN_SUCCESS) res.status = st;
         res.rank_status[(size_t)rank] = st;
+        res.message[(size_t)rank] = why;
     };
     ringattn_plan_t plan = nullptr;
     ringattn_status_t st = ringattn_plan_create(comm, &d, &plan);
-    if (st != RINGATTN_SUCCESS) return fail(st);
+    if (st != RINGATTN_SUCCESS) return fail(st, ringattn_last_error());
     int64_t nk = 0;
     ringattn_plan_local_keys(plan, &nk, nullptr);
     std::vector<int32_t> kidx((size_t)nk);
@@ -120,6 +121,7 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     ratest::DeviceMemory &mem = ratest::device_memory();
     void *stream = mem.stream_create();
     st = ringattn_forward(plan, &t, stream);
+    const std::string why = st != RINGATTN_SUCCESS ? ringattn_last_error() : "";
     ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
     ringattn_plan_get_info(plan, &info);
     ringattn_plan_destroy(plan);
@@ -128,7 +130,7 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
         lse.dev.download();
     }
     if (stream) mem.stream_destroy(stream);
-    if (st != RINGATTN_SUCCESS) return fail(st);
+    if (st != RINGATTN_SUCCESS) return fail(st, why);
     std::lock_guard<std::mutex> lk(mu);
     res.o[(size_t)rank] = to_float(o_bytes, c.dtype, Tq * H * c.dv());
     res.lse[(size_t)rank].assign(lse.host.begin(), lse.host.end() - 1);
@@ -157,15 +159,30 @@ ratest::Got CacheResult::got(const ratest::AttnConfig &c, int rank) const
     return g;
 }
 
-CacheResult run_cache(const Problem &pb, const CacheLayout &l, int ranks,
-                      ringattn_layout_t layout, const CacheOptions &opt)
+static CacheResult blank(int n)
 {
-    const int n = ranks > 0 ? ranks : 1;
     CacheResult res;
     res.rank_status.assign((size_t)n, RINGATTN_SUCCESS);
+    res.message.resize((size_t)n);
     res.o.resize((size_t)n);
     res.lse.resize((size_t)n);
     res.info.assign((size_t)n, ringattn_plan_info_t RINGATTN_PLAN_INFO_INIT);
+    return res;
+}
+
+CacheResult run_cache_rank(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm,
+                           int rank, ringattn_layout_t layout, const CacheOptions &opt)
+{
+    CacheResult res = blank(rank + 1);
+    std::mutex mu;
+    rank_work(pb, l, comm, rank, layout, opt, res, mu);
+    return res;
+}
+
+CacheResult run_cache(const Problem &pb, const CacheLayout &l, int ranks,
+                      ringattn_layout_t layout, const CacheOptions &opt)
+{
+    CacheResult res = blank(ranks > 0 ? ranks : 1);
     std::mutex mu;
     if (ranks == 0) {
         rank_work(pb, l, nullptr, 0, layout, opt, res, mu);

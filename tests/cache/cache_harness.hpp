@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ring/ring_harness.hpp"
@@ -30,6 +31,7 @@ struct CacheOptions {
 struct CacheResult {
     ringattn_status_t status = RINGATTN_SUCCESS;
     std::vector<ringattn_status_t> rank_status;
+    std::vector<std::string> message;          // [ranks]: each rank's failure's message
     std::vector<std::vector<float>> o, lse;    // [ranks]: each rank's whole O and LSE
     std::vector<ringattn_plan_info_t> info;    // [ranks]
     ratest::Got got(const ratest::AttnConfig &c, int rank = 0) const;
@@ -38,5 +40,10 @@ struct CacheResult {
 // ranks = 0: one rank, no comm. Poisoned (NaN) outputs before the call.
 CacheResult run_cache(const ratest::Problem &pb, const CacheLayout &l, int ranks,
                       ringattn_layout_t layout, const CacheOptions &opt = CacheOptions());
+
+// This process's part as rank `rank` of comm (an MPI job): entries [rank] of the result.
+CacheResult run_cache_rank(const ratest::Problem &pb, const CacheLayout &l, ringattn_comm_t comm,
+                           int rank, ringattn_layout_t layout,
+                           const CacheOptions &opt = CacheOptions());
 
 } // namespace cachetest
