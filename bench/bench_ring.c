@@ -671,6 +671,9 @@ int main(int argc, char **argv) {
         problem_free(&wp), outputs_free(&wone.out), free(wsmp.rows);
     }
 
+    /* 4. decode against a sharded KV cache */
+    if (o.ndecode) run_decode(&o, threads);
+
     if (rank_ == 0) {
         print_traffic();
         if (nov) print_overlap(ov, nov);

@@ -118,6 +118,9 @@ typedef struct {
     shape_t heavy;             /* overlap: an exchange-heavy shape (MHA, narrow window); T 0 = skip */
     const char *json_path;
     int no_json;
+    shape_t decode;            /* decode: heads, kv heads, D (T, window unused) ... */
+    int64_t decode_cache[8];   /* ... cache sizes (ndecode of them; 0 = skip) ... */
+    int ndecode, decode_steps; /* ... and timed calls at each (cache, P) */
 } options_t;
 
 /* 1 = run, 0 = bad flags (said on rank 0), -1 = --help (printed on rank 0) */
@@ -142,6 +145,11 @@ void gather_maps(const shape_t *s, const outputs_t *x, ringattn_plan_t plan, rin
 void remember_traffic(const shape_t *s, ring_t *r); /* for print_traffic (rank 0) */
 void print_traffic(void);
 void print_traffic_figures(void); /* the tracked figures' traffic lines */
+
+/* ---------------------------------------------------------------- bench_ring_decode.c */
+
+/* decode against a sharded KV cache at every cache size and P = 1 .. ranks (collective) */
+void run_decode(const options_t *o, int threads);
 
 /* ---------------------------------------------------------------- bench_ring_overlap.c */
 

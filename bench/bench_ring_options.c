@@ -1,5 +1,6 @@
 /* bench_ring's flags and their defaults (bench_ring.h; bench/README.md has what they run). */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, sysconf */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,29 @@ static void usage(void) {
            "                  [--layout LIST] [--threads N] [--reps N] [--sample ROWS]\n"
            "                  [--window-seq T] [--window W] [--window-ranks P] [--no-window]\n"
            "                  [--heavy-seq T] [--heavy-heads H] [--heavy-window W] [--no-overlap]\n"
+           "                  [--decode-cache LIST] [--decode-steps N] [--no-decode]\n"
            "                  [--quick] [--json FILE] [--no-json]\n"
            "defaults: --seq 16384 --heads 8 --kv-heads 2 --dim 128 (causal) --layout\n"
            "  contiguous,zigzag,striped --threads 0 (cores / ranks on the node, at least 1)\n"
            "  --reps 1 --sample 16; traffic case --window-seq 16384 --window 1024\n"
            "  --window-ranks 4 (over MPI if the job has that many ranks, else over threads in\n"
            "  rank 0); overlap case --heavy-seq 16384 --heavy-heads 8 (= kv heads) --heavy-window\n"
-           "  256, zigzag. --quick: T 2048, heads 2/1, D 64, window 128, heavy T 4096 (a smoke run).\n");
+           "  256, zigzag; decode (heads 8/2, D 128)\n"
+           "  --decode-cache 32768,131072,524288,1048576 --decode-steps 9.\n"
+           "  --quick: T 2048, heads 2/1, D 64, window 128, heavy T 4096, decode caches 4096,16384 (heads 2/1, D 64)\n"
+           "  (a smoke run).\n");
+}
+
+static int parse_decode(const char *v, options_t *o) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    o->ndecode = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        const long long n = atoll(tok);
+        if (n < 1 || n > INT32_MAX || o->ndecode == 8) return 0;
+        o->decode_cache[o->ndecode++] = n;
+    }
+    return o->ndecode > 0;
 }
 
 static int parse_layouts(const char *v, options_t *o) {
@@ -44,17 +61,23 @@ int parse_options(int argc, char **argv, options_t *o) {
     o->win = (shape_t){16384, 8, 2, 128, 1024};
     o->win_ranks = 4;
     o->heavy = (shape_t){16384, 8, 8, 128, 256};
+    const int64_t caches[] = {32768, 131072, 524288, 1048576};
+    o->ndecode = 4, o->decode_steps = 9, o->decode = (shape_t){0, 8, 2, 128, 0};
+    memcpy(o->decode_cache, caches, sizeof caches);
     const int say = rank_ == 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { if (say) usage(); return -1; }
         if (!strcmp(a, "--no-window")) { o->win_ranks = 0; continue; }
         if (!strcmp(a, "--no-overlap")) { o->overlap = 0; continue; }
+        if (!strcmp(a, "--no-decode")) { o->ndecode = 0; continue; }
         if (!strcmp(a, "--no-json")) { o->no_json = 1; continue; }
         if (!strcmp(a, "--quick")) {
             o->main = (shape_t){2048, 2, 1, 64, 0};
             o->win = (shape_t){2048, 2, 1, 64, 128};
             o->heavy = (shape_t){4096, 2, 2, 64, 64};
+            o->ndecode = 2, o->decode_cache[0] = 4096, o->decode_cache[1] = 16384, o->decode_steps = 3;
+            o->decode = (shape_t){0, 2, 1, 64, 0};
             continue;
         }
         if (!v) { if (say) fprintf(stderr, "bench_ring: %s: missing value or unknown flag\n", a); return 0; }
@@ -75,6 +98,8 @@ int parse_options(int argc, char **argv, options_t *o) {
         else if (!strcmp(a, "--heavy-heads")) o->heavy.H = o->heavy.HKV = atoi(v);
         else if (!strcmp(a, "--heavy-window")) o->heavy.window = atoi(v);
         else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--decode-cache")) ok = parse_decode(v, o);
+        else if (!strcmp(a, "--decode-steps")) ok = (o->decode_steps = atoi(v)) > 0;
         else ok = 0;
         if (!ok) { if (say) fprintf(stderr, "bench_ring: %s %s: unknown flag or bad value (see --help)\n", a, v); return 0; }
     }
