@@ -5,15 +5,26 @@
 #include "ring/plan/plan.h"
 #include "base/view.h"
 
-/* Global index (into the packed batch of cu_seqlens) of every local row, in order. */
-static void local_index(const struct ringattn_plan *p, int32_t *global_index)
+/* Global index (into the packed batch of boundaries cu) of every row of shard sh, in order. */
+static void local_index(const ra_shard *sh, const int32_t *cu, int32_t *global_index)
 {
-    const ra_shard *q = p->kp.queries;
-    for (int i = 0; i < q->num_segs; ++i) {
-        const ra_segment *seg = &q->segs[i];
+    for (int i = 0; i < sh->num_segs; ++i) {
+        const ra_segment *seg = &sh->segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j)
-            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, p->cu_q, j);
+            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, cu, j);
     }
+}
+
+/* *count rows of shard sh and, when global_index is not NULL, their indices by cu. */
+static ringattn_status_t local_rows(const char *fn, ringattn_plan_t plan, const ra_shard *sh,
+                                    const int32_t *cu, int64_t *count, int32_t *global_index)
+{
+    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: count: got NULL, expected a pointer", fn);
+    *count = sh->rows;
+    if (global_index) local_index(sh, cu, global_index);
+    ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
+    return RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *count,
@@ -21,12 +32,7 @@ ringattn_status_t ringattn_plan_local_tokens(ringattn_plan_t plan, int64_t *coun
 {
     static const char fn[] = "ringattn_plan_local_tokens";
     RA_TRY(ra__plan_check(fn, plan));
-    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: count: got NULL, expected a pointer", fn);
-    *count = plan->kp.queries->rows;
-    if (global_index) local_index(plan, global_index);
-    ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
-    return RINGATTN_SUCCESS;
+    return local_rows(fn, plan, plan->kp.queries, plan->cu_q, count, global_index);
 }
 
 ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, int64_t *count,
@@ -34,17 +40,7 @@ ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, int64_t *count,
 {
     static const char fn[] = "ringattn_plan_local_keys";
     RA_TRY(ra__plan_check(fn, plan));
-    RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: count: got NULL, expected a pointer", fn);
-    const ra_shard *k = ra__local_keys(plan);
-    *count = k->rows;
-    for (int i = 0; global_index && i < k->num_segs; ++i) {
-        const ra_segment *seg = &k->segs[i];
-        for (int64_t j = 0; j < seg->span.count; ++j)
-            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, plan->cu_cache, j);
-    }
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
+    return local_rows(fn, plan, ra__local_keys(plan), plan->cu_cache, count, global_index);
 }
 
 /* Copies row by row between the global and the local tensor (to_local: scatter). */

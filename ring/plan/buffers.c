@@ -96,12 +96,19 @@ static ringattn_status_t make_all(struct ringattn_plan *p, ra_buffers *b)
     RA_TRY(ra__buffer_host(b, ring ? Hb * T * sizeof(float) : 0, (void **)&b->host_bias));
     RA_TRY(ra__buffer_host(b, ring && k->selects ? Hb * T * sizeof(float) : 0,
                     (void **)&b->host_global));
+    RA_TRY(ra__buffer_host(b, (size_t)p->num_steps, (void **)&b->run));
+    return ra__buffers_bias_layout(p, b, ring, 0);
+}
+
+ringattn_status_t ra__buffers_bias_layout(const struct ringattn_plan *p, ra_buffers *b,
+                                          int gathered, int64_t last_extra)
+{
     RA_TRY(ra__buffer_host(b, ((size_t)p->ranks + 1) * sizeof(int64_t), (void **)&b->bias_at));
     RA_TRY(ra__buffer_host(b, (size_t)p->ranks * sizeof(size_t), (void **)&b->bias_bytes));
-    RA_TRY(ra__buffer_host(b, (size_t)p->num_steps, (void **)&b->run));
     b->bias_at[0] = 0;
     for (int r = 0; r < p->ranks; ++r) {
-        b->bias_at[r + 1] = b->bias_at[r] + (int64_t)Hb * (ring ? p->shards[r].rows : 0);
+        const int64_t rows = gathered ? p->shards[r].rows + (r == p->ranks - 1 ? last_extra : 0) : 0;
+        b->bias_at[r + 1] = b->bias_at[r] + (int64_t)p->kp.bias_heads * rows;
         b->bias_bytes[r] = (size_t)(b->bias_at[r + 1] - b->bias_at[r]) * sizeof(float);
     }
     return RINGATTN_SUCCESS;

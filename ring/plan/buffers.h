@@ -58,6 +58,10 @@ ringattn_status_t ra__buffers_make(struct ringattn_plan *p);
 ringattn_status_t ra__buffer_backend(const struct ringattn_plan *p, ra_buffers *b, size_t bytes,
                                      void **out);
 ringattn_status_t ra__buffer_host(ra_buffers *b, size_t bytes, void **out);
+/* bias_at, bias_bytes: where each rank's bias sits in the gather of every rank's (rank after
+   rank: its keys' rows, the last rank's and last_extra more; none where not gathered). */
+ringattn_status_t ra__buffers_bias_layout(const struct ringattn_plan *p, ra_buffers *b,
+                                          int gathered, int64_t last_extra);
 void ra__buffers_free(struct ringattn_plan *p);
 
 #endif

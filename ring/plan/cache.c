@@ -103,15 +103,7 @@ static ringattn_status_t make_all(struct ringattn_plan *p, ra_buffers *b)
                            (void **)&b->host_bias));
     RA_TRY(ra__buffer_host(b, k->selects ? Hb * (size_t)p->cu_k[k->num_seqs] * sizeof(float) : 0,
                            (void **)&b->host_global));
-    RA_TRY(ra__buffer_host(b, ((size_t)p->ranks + 1) * sizeof(int64_t), (void **)&b->bias_at));
-    RA_TRY(ra__buffer_host(b, (size_t)p->ranks * sizeof(size_t), (void **)&b->bias_bytes));
-    b->bias_at[0] = 0;
-    for (int r = 0; r < p->ranks; ++r) {
-        b->bias_at[r + 1] =
-            b->bias_at[r] + (int64_t)Hb * (p->shards[r].rows + (r == p->ranks - 1 ? (int64_t)fresh : 0));
-        b->bias_bytes[r] = (size_t)(b->bias_at[r + 1] - b->bias_at[r]) * sizeof(float);
-    }
-    return RINGATTN_SUCCESS;
+    return ra__buffers_bias_layout(p, b, 1, (int64_t)fresh);
 }
 
 ringattn_status_t ra__cache_buffers(struct ringattn_plan *p)

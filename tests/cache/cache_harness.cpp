@@ -202,9 +202,7 @@ CacheResult run_cache(const Problem &pb, const CacheLayout &l, int ranks,
             return nccl.create(id, size, r, -1, comm);
         };
     } else if (!make) {
-        res.status = ratest::device_memory().is_host()
-                         ? ringattn_comm_create_threads(ranks, comms.data())
-                         : ringattn_comm_create_threads_device(ranks, -1, comms.data());
+        res.status = ringtest::make_thread_comms(ranks, comms.data());
         if (res.status != RINGATTN_SUCCESS) return res;
     }
     std::vector<std::thread> threads;

@@ -145,6 +145,21 @@ TEST_CASE("Bad input to a KV cache plan is refused with a message, on every rank
             CHECK(r.message[k].find("q: differs between ranks") != std::string::npos);
         }
     }
+    SECTION("slot ranges that differ between ranks: caught by the descriptor's agreement")
+    {
+        CacheLayout l;
+        l.bounds = {0, 300, 576}; // rank 1 says {0, 200, 576}
+        CacheOptions opt;
+        const int32_t other[] = {0, 200, 576};
+        opt.ring.desc_hook = [&](int rank, ringattn_plan_desc_t &d) {
+            if (rank == 1) d.cache_bounds = other;
+        };
+        const CacheResult r = run_cache(pb, l, 2, RINGATTN_LAYOUT_CONTIGUOUS, opt);
+        for (size_t k = 0; k < r.rank_status.size(); ++k) {
+            CHECK(r.rank_status[k] == RINGATTN_ERR_INVALID_ARGUMENT);
+            CHECK(r.message[k].find("desc.cache_bounds: differs between ranks") != std::string::npos);
+        }
+    }
     SECTION("descriptors")
     {
         ringattn_plan_desc_t d = ratest::make_desc(c);

@@ -203,6 +203,13 @@ Result &run_own_comms(const Problem &pb, int ranks, ringattn_layout_t layout,
 
 } // namespace
 
+ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms)
+{
+    // a device backend's ring moves device memory: the device-copy threads transport
+    return ratest::device_memory().is_host() ? ringattn_comm_create_threads(ranks, comms)
+                                             : ringattn_comm_create_threads_device(ranks, -1, comms);
+}
+
 NcclEntry nccl_entry()
 {
     NcclEntry e;
@@ -283,10 +290,7 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
     }
     if (opt.make_comm) return run_own_comms(pb, ranks, layout, opt, opt.make_comm, res);
     std::vector<ringattn_comm_t> comms((size_t)ranks);
-    // a device backend's ring moves device memory: the device-copy threads transport
-    res.status = ratest::device_memory().is_host()
-                     ? ringattn_comm_create_threads(ranks, comms.data())
-                     : ringattn_comm_create_threads_device(ranks, -1, comms.data());
+    res.status = make_thread_comms(ranks, comms.data());
     if (res.status != RINGATTN_SUCCESS) return res;
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)

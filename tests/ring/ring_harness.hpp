@@ -59,6 +59,10 @@ struct NcclEntry {
 };
 NcclEntry nccl_entry();
 
+// P comms of the threads transport of the backend under test's memory (host, or device: the
+// device-copy transport).
+ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms);
+
 // The problem's outputs, every entry `fill`: the shape of a Result, made without a call.
 Result blank(const ratest::Problem &pb, float fill);
 
