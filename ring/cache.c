@@ -81,22 +81,28 @@ static ringattn_status_t gather_parts(struct ringattn_plan *p)
     return st;
 }
 
+/* A compute failure on this rank still takes part in the gather, so that no peer waits for it
+   (DESIGN, failure semantics): the call's conclusion then fails on every rank. */
 ringattn_status_t ra__cache_forward(struct ringattn_plan *p, const ra_call *c)
 {
     const ra_buffers *b = p->buf;
     ra_thresholds thr;
-    if (p->kp.selects) RA_TRY(select_over_cache(p, &thr));
+    ringattn_status_t st = p->kp.selects ? select_over_cache(p, &thr) : RINGATTN_SUCCESS;
     const int slot = p->part_slot[p->ranks > 1 ? p->rank : 0];
-    if (p->cache_meets)
-        RA_TRY(attend(p, c, &c->a.k, &c->a.v, ra__local_keys(p), c->a.key_bias, 1));
-    if (p->new_meets)
-        RA_TRY(attend(p, c, &c->a.k_new, &c->a.v_new, &p->shards[p->new_shard],
-                      c->a.key_bias_new, !p->cache_meets));
-    if (slot >= 0) {
+    if (st == RINGATTN_SUCCESS && p->cache_meets)
+        st = attend(p, c, &c->a.k, &c->a.v, ra__local_keys(p), c->a.key_bias, 1);
+    if (st == RINGATTN_SUCCESS && p->new_meets)
+        st = attend(p, c, &c->a.k_new, &c->a.v_new, &p->shards[p->new_shard], c->a.key_bias_new,
+                    !p->cache_meets);
+    if (st == RINGATTN_SUCCESS && slot >= 0) {
         const ra_fwd_io io = {.m = b->m, .l = b->l, .acc = b->acc, .stream = &p->stream};
-        RA_TRY(p->be->state_partial(p->ws, &p->kp, &io, b->parts + (size_t)slot * b->part_floats));
+        st = p->be->state_partial(p->ws, &p->kp, &io, b->parts + (size_t)slot * b->part_floats);
     }
-    if (p->ranks > 1) RA_TRY(gather_parts(p));
+    if (p->ranks > 1) {
+        const ringattn_status_t gathered = gather_parts(p);
+        if (st == RINGATTN_SUCCESS) st = gathered;
+    }
+    RA_TRY(st);
     return p->be->merge_f32(&p->kp, b->parts, p->live_parts, b->part_floats, &c->a.o, c->a.lse,
                             &p->stream);
 }
