@@ -43,6 +43,7 @@ typedef struct ra_kernel_params {
                              cache: one per rank, and the new tokens' keys */
     int carries_state;    /* a call runs several steps whose state lives between them (a ring,
                              a KV cache plan): no step both starts and finalises it */
+    int forward_only;     /* the plan never runs a backward (a KV cache's): no backward memory */
     const ra_shard *key_shards;
 } ra_kernel_params;
 

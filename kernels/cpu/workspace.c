@@ -124,12 +124,13 @@ static int backward_ranges(const ra_kernel_params *p)
     return units >= RA_CPU_BWD_TASKS ? 1 : (RA_CPU_BWD_TASKS + units - 1) / units;
 }
 
-/* Sizes ws's backward slots (backward.h) for the plan's largest key shard; returns floats. */
+/* Sizes ws's backward slots (backward.h) for the plan's largest key shard; returns floats.
+   A forward-only plan (a KV cache's) has none: they would be the most of its memory. */
 static size_t backward_slots(const ra_kernel_params *p, struct ra_workspace *ws, size_t *dk,
                              size_t *dv)
 {
     int64_t tk = 1;
-    for (int s = 0; s < p->num_key_shards; ++s)
+    for (int s = 0; s < p->num_key_shards && !p->forward_only; ++s)
         tk = p->key_shards[s].rows > tk ? p->key_shards[s].rows : tk;
     const int H = p->num_heads, Hk = p->num_kv_heads;
     ws->bwd_ranges = backward_ranges(p);

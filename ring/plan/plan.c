@@ -103,6 +103,7 @@ static ringattn_status_t plan_shards(struct ringattn_plan *p)
     p->kp.num_key_shards = p->num_shards;
     p->kp.key_shards = p->shards;
     p->kp.carries_state = p->num_shards > 1 || p->cache;
+    p->kp.forward_only = p->cache;
     /* ra__shard_make's arrays: segments of up to two spans per sequence, seq_first */
     p->host_bytes += (size_t)(p->num_shards + !p->comm) *
                      (((size_t)n * 2 + 1) * sizeof(ra_segment) + ((size_t)n + 1) * sizeof(int32_t));
