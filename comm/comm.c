@@ -109,11 +109,21 @@ static ringattn_status_t check_alive(ringattn_comm_t c, const char *fn)
     return RINGATTN_SUCCESS;
 }
 
+/* The transport's message of a failure, with what the call was doing in front of it. */
+static ringattn_status_t fail_in(ringattn_comm_t c, ringattn_status_t st, const char *fn,
+                                 const char *what)
+{
+    char msg[RA_COMM_REASON_BYTES];
+    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    msg[sizeof msg - 1] = '\0';
+    return ra__comm_fail(c, ra__fail(st, "%s: %s: %s", fn, what, msg));
+}
+
 static ringattn_status_t allreduce(ringattn_comm_t c, const char *fn, int64_t *v, int n)
 {
     RA_TRY(check_alive(c, fn));
     const ringattn_status_t st = c->ops->allreduce_i64(c, v, n, RA_REDUCE_MIN);
-    return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
+    return st == RINGATTN_SUCCESS ? st : fail_in(c, st, fn, "the call's agreement");
 }
 
 /* A rank's status as a MIN-reducible code: the lowest failing rank wins, with its status. */
@@ -151,6 +161,7 @@ ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind
     c->agreed = 1;
     c->calls = (unsigned)call;
     c->exchanges = 0;
+    c->call_fn = fn;
     int64_t v[RA_ALLREDUCE_MAX] = {fail_code(c, local), call, -call, kind, -(int64_t)kind,
                                    plan, -(int64_t)plan};
     for (int i = 0; i < n; ++i) v[HEAD + i] = local == RINGATTN_SUCCESS ? vals[i] : INT64_MAX;
@@ -208,6 +219,7 @@ ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x)
     char msg[RA_COMM_REASON_BYTES];
     strncpy(msg, ringattn_last_error(), sizeof msg - 1);
     msg[sizeof msg - 1] = '\0';
-    return ra__comm_fail(c, ra__fail(st, "%s (rank %d: ring step %d of call %u)", msg, c->rank, x->step,
-                                         x->call));
+    return ra__comm_fail(c, ra__fail(st, "%s: %s (rank %d: ring step %d of call %u)",
+                                     c->call_fn ? c->call_fn : "ringattn",
+                                     msg, c->rank, x->step, x->call));
 }

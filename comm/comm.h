@@ -101,6 +101,7 @@ struct ringattn_comm {
     unsigned long refused_seen; /* the thread's refused calls at the last agreement */
     int agreed;                 /* some agreement ran on it */
     unsigned exchanges; /* started in the current call: the next exchange's tags */
+    const char *call_fn; /* the current call's public function (messages), a string constant */
     int failed;         /* set for good by a transport error, a deadline or a peer's failure */
     int active;         /* operations given up but still running over caller memory (MPI) */
     double last_beat;   /* when ops->beat last ran (ra__comm_now) */

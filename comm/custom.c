@@ -270,7 +270,7 @@ static void cu_destroy(ringattn_comm_t c)
     custom_impl *impl = c->impl;
     const int running = cu_still_active(c);
     if (running)
-        ra__log(RA_LOG_WARN, c->rank, c->size,
+        ra__log(RA_LOG_WARN, RA_SUB_COMM, c->rank, c->size,
                 "comm custom: destroyed with %d requests the library gave up still running; the "
                 "transport's release ends them",
                 running);

@@ -179,7 +179,7 @@ static void mpi_destroy(ringattn_comm_t c)
         MPI_Comm_free(&impl->comm); /* freed by MPI once what runs on it ends */
     }
     if (running) /* MPI may still write what it holds: leave it to MPI */
-        ra__log(RA_LOG_WARN, c->rank, c->size,
+        ra__log(RA_LOG_WARN, RA_SUB_COMM, c->rank, c->size,
                 "comm mpi: destroyed with %d operations still running after a failure; their "
                 "buffers (%zu bytes) stay allocated",
                 running, sizeof *impl);

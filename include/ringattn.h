@@ -59,6 +59,30 @@ RINGATTN_API const char *ringattn_version_string(void);
    products run on (AVX512-BF16 micro-kernels where the CPU has them; float32 products are
    BLAS's own). */
 RINGATTN_API const char *ringattn_cpu_kernels(void);
+/* What this build has, in words: "backends: cpu[, cuda]; transports: threads, custom[,
+   threads_device][, mpi][, nccl]" (ringattn-info prints it). */
+RINGATTN_API const char *ringattn_build_info(void);
+
+/*
+ * Logging (README, "Logging"). By default lines go to stderr, or to RINGATTN_LOG_FILE, at the
+ * level RINGATTN_LOG names (default warn), from the subsystems RINGATTN_LOG_SUBSYS keeps. A
+ * callback takes every line up to `level` instead (RINGATTN_LOG_SUBSYS still filters): the
+ * subsystem ("plan", "ring", "comm" or "kernels"), the rank and ranks of the comm the line is
+ * about (-1 and 0: none), the message without prefix or newline, valid during the call. It is
+ * called on the thread that logs, never two at once, and must not call ringattn. fn NULL: back
+ * to stderr or the file at RINGATTN_LOG's level.
+ */
+typedef enum ringattn_log_level {
+    RINGATTN_LOG_OFF = 0,
+    RINGATTN_LOG_WARN = 1,  /* failures (each failed call's message), resources left behind */
+    RINGATTN_LOG_INFO = 2,  /* a plan's shape, schedule, traffic, tiles and memory; kernels */
+    RINGATTN_LOG_DEBUG = 3, /* per call decisions (steps skipped by top-k) */
+    RINGATTN_LOG_TRACE = 4  /* everything */
+} ringattn_log_level_t;
+typedef void (*ringattn_log_fn)(void *user, ringattn_log_level_t level, const char *subsystem,
+                                int rank, int ranks, const char *message);
+RINGATTN_API ringattn_status_t ringattn_set_log_callback(ringattn_log_fn fn, void *user,
+                                                         ringattn_log_level_t level);
 
 typedef enum ringattn_dtype {
     RINGATTN_FLOAT32 = 0,

@@ -6,6 +6,7 @@
 
 #include "base/device_ops.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "ring/call.h"
@@ -193,6 +194,10 @@ static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringat
                        backward ? ra__ring_backward
                                 : plan->cache ? ra__cache_forward : ra__ring_forward);
     if (previous >= 0) ra__device_leave(plan, previous);
+    if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
+        const int live = ra__registry_contains(plan);
+        ra__log_failure(RA_SUB_RING, live ? plan->rank : -1, live ? plan->ranks : 0, st);
+    }
     return st;
 }
 

@@ -53,7 +53,7 @@ static int shard_kept(const struct ringattn_plan *p, const ra_thresholds *thr, i
         for (int64_t j = 0; j < rows; ++j) bmax = fmaxf(bmax, bias[hb * rows + j]);
         if (!(bmax < thr->lowest[hb])) return 1;
     }
-    ra__log(RA_LOG_DEBUG, p->rank, p->ranks,
+    ra__log(RA_LOG_DEBUG, RA_SUB_RING, p->rank, p->ranks,
             "top-k: no local row keeps a key of shard %d: step skipped", s);
     return 0;
 }

@@ -36,12 +36,12 @@ static void check_kernel(void)
     const int sse = core && (strcmp(core, "Prescott") == 0 || strcmp(core, "Core2") == 0);
     const int avx2 = core && (strcmp(core, "Haswell") == 0 || strcmp(core, "Zen") == 0);
     if (ra__cpu_f32_products())
-        ra__log(RA_LOG_INFO, 0, 1,
+        ra__log(RA_LOG_INFO, RA_SUB_KERNELS, -1, 0,
                 "OpenBLAS uses its %s kernels on a CPU with AVX-512: ringattn's own AVX-512 "
                 "kernels take the float32 tile products",
                 core);
     else if ((sse && __builtin_cpu_supports("avx2")) || ((sse || avx2) && avx512))
-        ra__log(RA_LOG_WARN, 0, 1,
+        ra__log(RA_LOG_WARN, RA_SUB_KERNELS, -1, 0,
                 "OpenBLAS uses its %s kernels on a CPU with %s; float32 tile products run %s "
                 "slower than they could (set OPENBLAS_CORETYPE=%s)",
                 core, avx512 ? "AVX-512" : "AVX2", sse ? "several times" : "about 2x",

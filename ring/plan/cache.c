@@ -62,10 +62,10 @@ ringattn_status_t ra__cache_schedule(struct ringattn_plan *p)
 
 static void log_cache(const struct ringattn_plan *p)
 {
-    if (!ra__log_enabled(RA_LOG_INFO)) return;
+    if (!ra__log_enabled(RA_LOG_INFO, RA_SUB_PLAN)) return;
     size_t fwd[2];
     ra__cache_traffic(p, fwd);
-    ra__log(RA_LOG_INFO, p->rank, p->ranks,
+    ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "KV cache: %lld queries on every rank, %lld cached keys here%s; %d of %d ranks' "
             "keys meet a query (the others compute and send nothing); partials of %zu bytes, "
             "sent/received %zu/%zu bytes per call",

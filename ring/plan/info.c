@@ -53,23 +53,23 @@ ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan, ringattn_plan_inf
 
 void ra__plan_log(const struct ringattn_plan *p)
 {
-    if (!ra__log_enabled(RA_LOG_INFO)) return;
+    if (!ra__log_enabled(RA_LOG_INFO, RA_SUB_PLAN)) return;
     static const char *dtypes[] = {"float32", "float16", "bfloat16"};
     static const char *layouts[] = {"contiguous", "zigzag", "striped"};
     const ra_kernel_params *k = &p->kp;
     ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
     info_fill(p, &info);
-    ra__log(RA_LOG_INFO, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s; cpu kernels: %s",
+    ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s; cpu kernels: %s",
             ringattn_version_string(), p->be->name, p->ranks, layouts[p->layout],
             ringattn_cpu_kernels());
-    ra__log(RA_LOG_INFO, p->rank, p->ranks,
+    ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
             "(%lld, %lld), scale %g, softcap %g, alibi %s",
             k->num_seqs, (long long)k->queries->rows, (long long)ra__local_keys(p)->rows,
             k->num_heads, k->num_kv_heads, k->head_dim, k->head_dim_v, dtypes[k->dtype],
             (long long)k->window.left, (long long)k->window.right, (double)k->scale,
             (double)k->softcap, k->alibi ? "on" : "off");
-    ra__log(RA_LOG_INFO, p->rank, p->ranks,
+    ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "tiles %d x %d, threads %d (0: OpenMP's default); memory %zu bytes: workspace %zu, "
             "ring buffers %zu, host %zu",
             k->block_q, k->block_k, k->num_threads, info.memory_bytes, info.workspace_bytes,

@@ -48,7 +48,7 @@ static int buffers_free_to_go(struct ringattn_plan *p)
 {
     if (!p->pinned) return 1;
     if (ra__registry_contains(p->comm) && p->comm->ops->still_active(p->comm) == 0) return 1;
-    ra__log(RA_LOG_WARN, p->rank, p->ranks,
+    ra__log(RA_LOG_WARN, RA_SUB_COMM, p->rank, p->ranks,
             "ringattn_plan_destroy: the transport may still use the ring's buffers after a "
             "failure; %zu bytes stay allocated",
             p->buf ? p->buf->bytes + p->buf->host_bytes : (size_t)0);
@@ -199,8 +199,8 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     return st;
 }
 
-ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                       ringattn_plan_t *plan)
+static ringattn_status_t plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
+                                     ringattn_plan_t *plan)
 {
     if (comm != NULL && !ra__registry_contains(comm)) {
         ra__comm_refused(); /* no comm to agree over: the next agreement carries it */
@@ -232,6 +232,17 @@ ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan
     ra__plan_log(p);
     ra__clear_error();
     return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
+                                       ringattn_plan_t *plan)
+{
+    const ringattn_status_t st = plan_create(comm, desc, plan);
+    if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
+        const int live = comm && ra__registry_contains(comm);
+        ra__log_failure(RA_SUB_PLAN, live ? comm->rank : -1, live ? comm->size : 0, st);
+    }
+    return st;
 }
 
 ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan)

@@ -55,7 +55,7 @@ void ra__schedule_traffic(const struct ringattn_plan *p, size_t fwd[2], size_t b
 
 static void log_schedule(const struct ringattn_plan *p)
 {
-    if (!ra__log_enabled(RA_LOG_INFO) || p->ranks == 1) return;
+    if (!ra__log_enabled(RA_LOG_INFO, RA_SUB_PLAN) || p->ranks == 1) return;
     char steps[256];
     int kept = 0, len = 0;
     for (int t = 0; t < p->num_steps; ++t) {
@@ -66,7 +66,7 @@ static void log_schedule(const struct ringattn_plan *p)
     }
     size_t fwd[2], bwd[2];
     ra__schedule_traffic(p, fwd, bwd);
-    ra__log(RA_LOG_INFO, p->rank, p->ranks,
+    ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "schedule: %d of %d ring steps [%s] (C = compute, - = EMPTY, skipped), %d computed; "
             "bytes sent/received: forward %zu/%zu, backward %zu/%zu",
             p->num_steps, p->ranks, steps, kept, fwd[0], fwd[1], bwd[0], bwd[1]);
