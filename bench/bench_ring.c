@@ -209,6 +209,10 @@ static void check_single(const problem_t *p, const sample_t *smp, single_t *r) {
     free(o), free(dq);
 }
 
+static int rec_floats(const shape_t *s) { return 1 + 2 * s->H * s->D + s->H + 2 * s->HKV * s->D; }
+static int pack_records(const shape_t *s, const sample_t *smp, const outputs_t *x, float *buf);
+static void json_f64_errors(const problem_t *p, const float *recs, int n, const char *layout, int P);
+
 /* Rank 0 runs the single-rank plan while the other ranks sleep; best of reps. */
 static void run_single(const problem_t *p, int threads, int reps, const sample_t *smp, single_t *r) {
     memset(r, 0, sizeof *r);
@@ -228,7 +232,12 @@ static void run_single(const problem_t *p, int threads, int reps, const sample_t
             r->bwd_s = fmin(r->bwd_s, now() - t0);
         }
         ringattn_plan_destroy(plan);
-        if (r->ok) check_single(p, smp, r);
+        if (r->ok) {
+            check_single(p, smp, r);
+            float *recs = xmalloc(sizeof(float) * (size_t)smp->nrows * rec_floats(&p->s));
+            json_f64_errors(p, recs, pack_records(&p->s, smp, &r->out, recs), "single", 1);
+            free(recs);
+        }
     }
     idle_barrier();
 }
@@ -239,7 +248,6 @@ typedef struct { /* maxima (O, LSE) and sums of squares (dQ, dK, dV) */
     double o_e, o_r, l_e, l_r, q_e, q_r, k_e, k_r, v_e, v_r;
 } errs_t;
 
-static int rec_floats(const shape_t *s) { return 1 + 2 * s->H * s->D + s->H + 2 * s->HKV * s->D; }
 
 /* Packs the sampled rows this rank holds: [global index, O, LSE per head, dQ, dK, dV]. */
 static int pack_records(const shape_t *s, const sample_t *smp, const outputs_t *x, float *buf) {
@@ -293,6 +301,34 @@ static double err_bwd(const errs_t *e) {
                 fmax(rel(sqrt(e->k_e), sqrt(e->k_r)), rel(sqrt(e->v_e), sqrt(e->v_r))));
 }
 
+/* SPEC 9's norms of n records' O, LSE (max-relative) and dQ (normwise) against float64 rows,
+   as a JSON "error" line (bench/plot.py's error against P). */
+static void json_f64_errors(const problem_t *p, const float *recs, int n, const char *layout, int P) {
+    const shape_t *s = &p->s;
+    const int H = s->H, D = s->D;
+    double *o = xmalloc(sizeof(double) * (size_t)D), *dq = xmalloc(sizeof(double) * (size_t)D), lse;
+    double eo = 0, ro = 0, el = 0, eq = 0, rq = 0;
+    for (int k = 0; k < n; ++k) {
+        const float *r = recs + (size_t)k * rec_floats(s);
+        const int64_t i = (int64_t)r[0];
+        for (int h = 0; h < H; ++h) {
+            reference_row(p, i, h, o, &lse, dq);
+            const float *go = r + 1 + h * D, *gq = r + 1 + H * D + H + h * D;
+            for (int c = 0; c < D; ++c) {
+                eo = fmax(eo, fabs(go[c] - o[c])), ro = fmax(ro, fabs(o[c]));
+                eq += (gq[c] - dq[c]) * (gq[c] - dq[c]), rq += dq[c] * dq[c];
+            }
+            el = fmax(el, fabs(r[1 + H * D + h] - lse) / fmax(1.0, fabs(lse)));
+        }
+    }
+    if (json && n)
+        fprintf(json, "{\"type\":\"error\",\"seq\":%d,\"mask\":\"%s\",\"layout\":\"%s\",\"ranks\":%d,"
+                      "\"dtype\":\"f32\",\"rows\":%d,\"err_o\":%.4g,\"err_lse\":%.4g,\"err_dq\":%.4g}\n",
+                s->T, s->window > 0 ? "window" : s->window == 0 ? "causal" : "none", layout, P, n,
+                eo / fmax(ro, 1e-30), el, sqrt(eq) / fmax(sqrt(rq), 1e-30));
+    free(o), free(dq);
+}
+
 /* ---------------------------------------------------------------- one ring configuration */
 
 static void ring_free(ring_t *r) {
@@ -302,8 +338,9 @@ static void ring_free(ring_t *r) {
 }
 
 /* Sampled rows of every rank to rank 0, compared there with the single-rank outputs. */
-static void check_ring_mpi(const shape_t *s, const sample_t *smp, const outputs_t *x,
+static void check_ring_mpi(const problem_t *p, const sample_t *smp, const outputs_t *x,
                            const single_t *ref, ring_t *r) {
+    const shape_t *s = &p->s;
     const int rf = rec_floats(s);
     float *mine = xmalloc(sizeof(float) * (size_t)smp->nrows * rf);
     const int n = pack_records(s, smp, x, mine) * rf;
@@ -318,6 +355,7 @@ static void check_ring_mpi(const shape_t *s, const sample_t *smp, const outputs_
         compare_records(s, all, total / rf, &ref->out, &e);
         r->err_fwd = total / rf == smp->nrows ? err_fwd(&e) : INFINITY; /* every row once */
         r->err_bwd = total / rf == smp->nrows ? err_bwd(&e) : INFINITY;
+        json_f64_errors(p, all, total / rf, layout_names[r->layout], r->P);
     }
     free(mine), free(cnt), free(dsp), free(all);
 }
@@ -336,7 +374,7 @@ static void run_ring_mpi(ringattn_comm_t comm, const problem_t *p, int layout, i
         const ringattn_tensors_t t = tensors_of(&x);
         r->ok = timed_pass(plan, &t, 0, reps, r) && timed_pass(plan, &t, 1, reps, r);
         r->timed = 1;
-        if (r->ok) check_ring_mpi(&p->s, smp, &x, ref, r);
+        if (r->ok) check_ring_mpi(p, smp, &x, ref, r);
     }
     outputs_free(&x);
     ringattn_plan_destroy(plan);

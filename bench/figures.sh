@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Regenerates the figures README.md and bench/README.md show (docs/figures/*.png) on this
+# machine: short runs of bench_local, bench_ring at P = 2, 3, 4, bench_dynamic, then
+# bench/plot.py with the machine and the date in every caption. About 6 minutes on 2 cores.
+#
+#   bash bench/figures.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, docs/figures)
+#
+# BUILD_DIR must have the benchmarks (-DRINGATTN_BUILD_BENCH=ON -DRINGATTN_ENABLE_MPI=ON);
+# the Python is cmake/python-env.sh's (it has matplotlib). The JSON lines are kept in
+# OUT_DIR/data/ for bench/plot.py to redraw.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build}"
+out="${2:-$root/docs/figures}"
+data="$out/data"
+mkdir -p "$data"
+mpi=(mpirun --oversubscribe)
+[[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
+python_bin="$(bash "$root/cmake/python-env.sh" | tail -n 1)"
+cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
+caption="$(nproc) cores of $cpu, $(date -u +%Y-%m-%d)"
+
+"$build/bench/bench_local" --seq 1024,2048,4096,8192 --dim 128 --mask none,causal,window \
+    --threads all --reps 2 --no-naive --json "$data/local.jsonl" > /dev/null
+for p in 2 3 4; do
+    "${mpi[@]}" -n "$p" "$build/bench/bench_ring" --seq 8192 --heads 4 --kv-heads 2 --dim 64 \
+        --window-seq 8192 --window 512 --window-ranks "$p" --no-overlap --reps 2 \
+        --decode-cache 32768,131072 --decode-steps 5 --json "$data/ring_$p.jsonl" > /dev/null
+done
+"$build/bench/bench_dynamic" --seq 8192 --keep 2,4,8,16,64 --select-seqs none --reps 2 \
+    --json "$data/dynamic.jsonl" > /dev/null
+"$python_bin" "$root/bench/plot.py" "$out" "$data"/*.jsonl --caption "$caption"

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""PNG figures of what ringattn's benchmarks measure, from their JSON lines.
+
+    python bench/plot.py OUT_DIR FILE.jsonl [FILE.jsonl ...] [--caption TEXT]
+
+Reads every JSON line of the files (bench_local, bench_ring, bench_dynamic print them after
+their tables, or into --json FILE; lines that are not JSON objects are skipped, so a whole
+captured stdout works too) and writes the figures it has data for:
+
+  throughput.png   forward and backward GFLOP/s against T, one line per mask and backend
+                   (bench_local "result" lines)
+  efficiency.png   ring efficiency (single-rank time / (P x ring time)) against P, one line per
+                   layout and pass (bench_ring "result" lines of runs at several P)
+  traffic.png      forward bytes sent over the mask's lower bound, per layout and mask/window
+                   (bench_ring "traffic_total" lines)
+  error.png        O, LSE and dQ error against float64 for P ranks (bench_ring "error" lines)
+  dynamic.png      dynamic-mask forward and backward time against the share of keys kept
+                   (bench_dynamic "result" lines)
+  decode.png       decode tokens/s against P, one line per cache size (bench_ring "decode")
+
+Each figure's caption is --caption (the machine and the date, say) and the benchmark's banner
+(version, backend, BLAS kernels). Prints the files written; exit 2 when no figure had data.
+"""
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def read_lines(paths):
+    """Every JSON object of the files, each tagged with the banner of its file."""
+    records = []
+    for path in paths:
+        banner = {}
+        with open(path) as f:
+            for raw in f:
+                raw = raw.strip()
+                if not raw.startswith("{"):
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                if rec.get("type") == "banner":
+                    banner = rec
+                    continue
+                rec["_banner"] = banner
+                records.append(rec)
+    return records
+
+
+def banner_text(records):
+    seen = []
+    for r in records:
+        b = r.get("_banner") or {}
+        text = "ringattn %s, backend %s%s" % (
+            b.get("version", "?"), b.get("backend", "?"),
+            ", BLAS %s" % b["blas_core"] if b.get("blas_core") else "")
+        if text not in seen:
+            seen.append(text)
+    return "; ".join(seen)
+
+
+def finish(fig, ax, records, caption, path):
+    text = "; ".join(t for t in (caption, banner_text(records)) if t)
+    fig.text(0.01, 0.01, text, fontsize=7, ha="left", va="bottom", wrap=True)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def of_type(records, kind, bench=None):
+    return [r for r in records if r.get("type") == kind and
+            (bench is None or bench(r))]
+
+
+def plot_throughput(records, caption, out):
+    rows = of_type(records, "result", lambda r: "gflops" in r and r.get("ranks") == 1
+                   and r.get("layout") != "naive")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = defaultdict(dict)
+    for r in rows:
+        key = (r["_banner"].get("backend", "cpu"), r["mask"], r.get("dtype", "f32"), r["pass"])
+        lines[key][r["seq"]] = r["gflops"]
+    for (backend, mask, dtype, pas), pts in sorted(lines.items()):
+        t = sorted(pts)
+        ax.plot(t, [pts[x] for x in t], marker="o", linestyle="-" if pas == "fwd" else "--",
+                label="%s %s %s %s" % (backend, dtype, mask, pas))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens T (one rank)")
+    ax.set_ylabel("GFLOP/s (allowed pairs)")
+    ax.set_title("Forward (solid) and backward (dashed) throughput against T")
+    return finish(fig, ax, rows, caption, os.path.join(out, "throughput.png"))
+
+
+def plot_efficiency(records, caption, out):
+    rows = of_type(records, "result", lambda r: r.get("eff_pct") not in (None, "null")
+                   and r.get("ranks", 1) > 1 and r.get("layout") in ("contig", "zigzag", "striped"))
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = defaultdict(dict)
+    for r in rows:
+        lines[(r["layout"], r["mask"], r["pass"])][r["ranks"]] = float(r["eff_pct"])
+    for (layout, mask, pas), pts in sorted(lines.items()):
+        p = sorted(pts)
+        ax.plot(p, [pts[x] for x in p], marker="o", linestyle="-" if pas == "fwd" else "--",
+                label="%s %s %s" % (layout, mask, pas))
+    ax.axhline(85, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("ranks P")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("efficiency % (1 rank / (P x ring))")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Ring efficiency against P")
+    return finish(fig, ax, rows, caption, os.path.join(out, "efficiency.png"))
+
+
+def plot_traffic(records, caption, out):
+    rows = of_type(records, "traffic_total")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    groups = sorted({(r["mask"], r["ranks"]) for r in rows})
+    layouts = sorted({r["layout"] for r in rows})
+    width = 0.8 / max(1, len(layouts))
+    for i, layout in enumerate(layouts):
+        ratios = []
+        for mask, ranks in groups:
+            match = [r for r in rows if r["layout"] == layout and r["mask"] == mask and r["ranks"] == ranks]
+            ratios.append(match[-1]["fwd_sent"] / match[-1]["fwd_bound"]
+                          if match and match[-1]["fwd_bound"] > 0 else float("nan"))
+        ax.bar([g + i * width for g in range(len(groups))], ratios, width, label=layout)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xticks([g + width * (len(layouts) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(["%s, P %d" % g for g in groups], fontsize=8)
+    ax.set_ylabel("bytes sent / the mask's lower bound")
+    ax.set_title("Forward traffic against what the mask needs (1 = nothing more)")
+    return finish(fig, ax, rows, caption, os.path.join(out, "traffic.png"))
+
+
+def plot_error(records, caption, out):
+    rows = of_type(records, "error")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    layouts = sorted({r["layout"] for r in rows if r.get("layout") != "single"}) or ["single"]
+    for what in ("o", "lse", "dq"):
+        lines = defaultdict(dict)
+        for r in rows:  # the single-rank plan is every layout's P = 1
+            for layout in (layouts if r.get("layout") == "single" else [r.get("layout", "")]):
+                lines[(r.get("dtype", "f32"), layout)][r["ranks"]] = r["err_" + what]
+        for (dtype, layout), pts in sorted(lines.items()):
+            p = sorted(pts)
+            ax.plot(p, [max(pts[x], 1e-12) for x in p], marker="o",
+                    label="%s %s %s" % (what.upper() if what != "dq" else "dQ", dtype, layout))
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks P")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("error against float64 (SPEC 9 norms)")
+    ax.set_title("Error against the ring's size")
+    return finish(fig, ax, rows, caption, os.path.join(out, "error.png"))
+
+
+def plot_dynamic(records, caption, out):
+    rows = of_type(records, "result", lambda r: "kept_pct" in r)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = defaultdict(dict)
+    for r in rows:
+        for pas in ("fwd", "bwd"):
+            lines[(r["seq"], pas)][r["kept_pct"]] = r["time_%s_ms" % pas]
+    for (seq, pas), pts in sorted(lines.items()):
+        k = sorted(pts)
+        ax.plot(k, [pts[x] for x in k], marker="o", linestyle="-" if pas == "fwd" else "--",
+                label="T %d %s" % (seq, pas))
+    ax.set_xlabel("keys kept per row, % of the allowed ones (top-k density)")
+    ax.set_ylabel("time, ms")
+    ax.set_title("Dynamic mask attention: time against density")
+    return finish(fig, ax, rows, caption, os.path.join(out, "dynamic.png"))
+
+
+def plot_decode(records, caption, out):
+    rows = of_type(records, "decode")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lines = defaultdict(dict)
+    for r in rows:
+        lines[r["cache"]][r["ranks"]] = r["tokens_per_s"]
+    for cache, pts in sorted(lines.items()):
+        p = sorted(pts)
+        ax.plot(p, [pts[x] for x in p], marker="o", label="cache %d keys" % cache)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks P holding the cache")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("decoded tokens / s")
+    ax.set_title("Decode against a sharded KV cache")
+    return finish(fig, ax, rows, caption, os.path.join(out, "decode.png"))
+
+
+PLOTS = (plot_throughput, plot_efficiency, plot_traffic, plot_error, plot_dynamic, plot_decode)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="directory for the PNG files")
+    ap.add_argument("files", nargs="+", help="JSON lines of the benchmarks")
+    ap.add_argument("--caption", default="", help="the machine and the date, say")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    records = read_lines(args.files)
+    written = [p for p in (plot(records, args.caption, args.out) for plot in PLOTS) if p]
+    for p in written:
+        print(p)
+    return 0 if written else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
