@@ -18,14 +18,16 @@ mpi=(mpirun --oversubscribe)
 [[ $(id -u) -eq 0 ]] && mpi+=(--allow-run-as-root)
 python_bin="$(bash "$root/cmake/python-env.sh" | tail -n 1)"
 cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
-caption="$(nproc) cores of $cpu, $(date -u +%Y-%m-%d)"
+caption="$(nproc) cores of $cpu, $(date -u +%Y-%m-%d); runs of more ranks than cores share them"
 
 "$build/bench/bench_local" --seq 1024,2048,4096,8192 --dim 128 --mask none,causal,window \
-    --threads all --reps 2 --no-naive --json "$data/local.jsonl" > /dev/null
-for p in 2 3 4; do
+    --threads all --reps 3 --no-naive --json "$data/local.jsonl" > /dev/null
+for p in 2 3 4; do # decode rows (P = 1 .. ranks) from the 2-rank run only: one per point
+    decode=(--no-decode)
+    [[ $p -eq 2 ]] && decode=(--decode-cache 32768,131072,524288 --decode-steps 5)
     "${mpi[@]}" -n "$p" "$build/bench/bench_ring" --seq 8192 --heads 4 --kv-heads 2 --dim 64 \
         --window-seq 8192 --window 512 --window-ranks "$p" --no-overlap --reps 2 \
-        --decode-cache 32768,131072 --decode-steps 5 --json "$data/ring_$p.jsonl" > /dev/null
+        "${decode[@]}" --json "$data/ring_$p.jsonl" > /dev/null
 done
 "$build/bench/bench_dynamic" --seq 8192 --keep 2,4,8,16,64 --select-seqs none --reps 2 \
     --json "$data/dynamic.jsonl" > /dev/null

@@ -60,11 +60,11 @@ def banner_text(records):
     seen = []
     for r in records:
         b = r.get("_banner") or {}
-        text = "ringattn %s, backend %s%s" % (
-            b.get("version", "?"), b.get("backend", "?"),
-            ", BLAS %s" % b["blas_core"] if b.get("blas_core") else "")
-        if text not in seen:
-            seen.append(text)
+        text = "ringattn %s, backend %s" % (b.get("version", "?"), b.get("backend", "?"))
+        if b.get("blas_core"):
+            text += ", BLAS %s" % b["blas_core"]
+        if text not in seen and not any(s.startswith(text) for s in seen):
+            seen = [s for s in seen if not text.startswith(s)] + [text]
     return "; ".join(seen)
 
 
