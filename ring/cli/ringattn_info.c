@@ -2,7 +2,8 @@
  * ringattn-info: what a user pastes into a bug report. Installed with the library.
  *
  *   ringattn-info                      the version, the build (backends, transports), the CPU
- *                                      kernels the CPU backend runs, the visible GPUs
+ *                                      (model, instruction sets), the BLAS and the kernels the
+ *                                      CPU backend runs, the visible GPUs
  *   ringattn-info --seq 8192 --heads 8 --kv-heads 2 --dim 128 --causal --ranks 4 ...
  *                                      and the plans of that descriptor on P ranks (threads of
  *                                      this process): each rank's schedule, bytes per call and
@@ -15,7 +16,7 @@
  * (libcuda.so.1, loaded if present). Exit 0, or 2 on bad flags or a refused descriptor (its
  * message printed).
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include <ringattn.h>
 
 #include <dlfcn.h>
@@ -69,6 +70,40 @@ static void *make_plan(void *arg)
     ringattn_plan_get_info(plan, &r->info);
     ringattn_plan_destroy(plan);
     return NULL;
+}
+
+/* The CPU's model and the instruction sets the CPU kernels look for, and the BLAS the library
+   was loaded with (OpenBLAS names its kernels; found by name in this process). */
+static void print_cpu(void)
+{
+    char model[256] = "?";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    for (char line[512]; f && fgets(line, sizeof line, f);)
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n")] = '\0';
+            break;
+        }
+    if (f) fclose(f);
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    printf("CPU: %s; avx2 %s, avx512f %s, avx512bf16 %s, avx512fp16 %s\n", model,
+           __builtin_cpu_supports("avx2") ? "yes" : "no",
+           __builtin_cpu_supports("avx512f") ? "yes" : "no",
+           __builtin_cpu_supports("avx512bf16") ? "yes" : "no",
+           __builtin_cpu_supports("avx512fp16") ? "yes" : "no");
+#else
+    printf("CPU: %s\n", model);
+#endif
+    char *(*config)(void) = (char *(*)(void))dlsym(RTLD_DEFAULT, "openblas_get_config");
+    char *(*core)(void) = (char *(*)(void))dlsym(RTLD_DEFAULT, "openblas_get_corename");
+    if (config && core) {
+        const char *forced = getenv("OPENBLAS_CORETYPE");
+        printf("BLAS: %s, kernels %s%s%s%s\n", config(), core(),
+               forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "", forced ? ")" : "");
+    } else {
+        printf("BLAS: not OpenBLAS (no openblas_get_config in this process)\n");
+    }
 }
 
 /* The visible GPUs through the CUDA driver API, if it is installed. */
@@ -242,6 +277,7 @@ int main(int argc, char **argv)
     }
     printf("ringattn %s\n", ringattn_version_string());
     printf("build: %s\n", ringattn_build_info());
+    print_cpu();
     printf("CPU kernels: %s\n", ringattn_cpu_kernels());
     print_gpus();
     if (!o.plans) return 0;

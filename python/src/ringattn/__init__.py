@@ -11,6 +11,7 @@ from ._capi import (CommError, CudaError, InvalidArgumentError, OutOfMemory, Rin
                     UnsupportedError, UsageError, library_path)
 from ._capi import lib as _lib
 from .core import Comm, Plan
+from .log import log_to
 
 __version__ = _lib().ringattn_version_string().decode()
 
@@ -23,4 +24,4 @@ def cpu_kernels():
 
 __all__ = ["Comm", "Plan", "RingattnError", "InvalidArgumentError", "UsageError",
            "UnsupportedError", "CommError", "CudaError", "OutOfMemory", "library_path",
-           "cpu_kernels", "__version__"]
+           "cpu_kernels", "log_to", "__version__"]

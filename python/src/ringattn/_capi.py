@@ -137,6 +137,8 @@ _PROTOTYPES = {
     "ringattn_version": (ctypes.c_int, []),
     "ringattn_version_string": (ctypes.c_char_p, []),
     "ringattn_cpu_kernels": (ctypes.c_char_p, []),
+    "ringattn_build_info": (ctypes.c_char_p, []),
+    "ringattn_set_log_callback": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]),
     "ringattn_comm_create_threads": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_P)]),
     "ringattn_comm_create_threads_device": (ctypes.c_int,
                                             [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
