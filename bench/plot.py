@@ -68,11 +68,11 @@ def banner_text(records):
     return "; ".join(seen)
 
 
-def finish(fig, ax, records, caption, path):
+def finish(fig, ax, records, caption, path, ncol=1):
     text = "; ".join(t for t in (caption, banner_text(records)) if t)
     fig.text(0.01, 0.01, text, fontsize=7, ha="left", va="bottom", wrap=True)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7 if ncol == 1 else 6, ncol=ncol)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -160,17 +160,19 @@ def plot_error(records, caption, out):
         lines = defaultdict(dict)
         for r in rows:  # the single-rank plan is every layout's P = 1
             for layout in (layouts if r.get("layout") == "single" else [r.get("layout", "")]):
-                lines[(r.get("dtype", "f32"), layout)][r["ranks"]] = r["err_" + what]
-        for (dtype, layout), pts in sorted(lines.items()):
+                key = (r.get("dtype", "f32"), r.get("mask", ""), layout)
+                lines[key][r["ranks"]] = r["err_" + what]
+        for (dtype, mask, layout), pts in sorted(lines.items()):
             p = sorted(pts)
             ax.plot(p, [max(pts[x], 1e-12) for x in p], marker="o",
-                    label="%s %s %s" % (what.upper() if what != "dq" else "dQ", dtype, layout))
+                    label="%s %s %s %s" % (what.upper() if what != "dq" else "dQ", dtype, mask,
+                                           layout))
     ax.set_yscale("log")
     ax.set_xlabel("ranks P")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("error against float64 (SPEC 9 norms)")
     ax.set_title("Error against the ring's size")
-    return finish(fig, ax, rows, caption, os.path.join(out, "error.png"))
+    return finish(fig, ax, rows, caption, os.path.join(out, "error.png"), ncol=2)
 
 
 def plot_dynamic(records, caption, out):
