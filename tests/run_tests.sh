@@ -56,7 +56,7 @@ if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
         -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DRINGATTN_BUILD_TESTS=ON -DRINGATTN_BUILD_EMU=OFF \
         -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=ON -DRINGATTN_ENABLE_MPI=ON \
         -DRINGATTN_ENABLE_NCCL=ON
-    cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors \
+    cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors test_cache \
         test_cuda_ring test_cuda_nccl ring_attention
     (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
