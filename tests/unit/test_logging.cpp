@@ -75,7 +75,8 @@ std::string comm_failure(const ratest::Problem &pb)
             if (ringattn_plan_create(comms[r], &d, &plan) != RINGATTN_SUCCESS) return;
             if (r == 0) {
                 ringattn_tensors_t t = RINGATTN_TENSORS_INIT; // never read: the agreement fails
-                std::vector<float> buf((size_t)pb.cfg.Tq() * 64, 0.0f);
+                // every tensor of the call fits: T_q rows of H x D (the local ones are fewer)
+                std::vector<float> buf((size_t)pb.cfg.Tq() * pb.cfg.H * pb.cfg.D, 0.0f);
                 t.q.data = t.k.data = t.v.data = t.o.data = buf.data();
                 t.lse = buf.data();
                 status = ringattn_forward(plan, &t, nullptr);
