@@ -79,6 +79,14 @@ def finish(fig, ax, records, caption, path, ncol=1):
     return path
 
 
+def draw(ax, lines, label, dashed=lambda key: False, floor=None):
+    """One line per key of `lines` ({key: {x: y}}), its points in x order; dashed(key): --."""
+    for key, pts in sorted(lines.items()):
+        xs = sorted(pts)
+        ys = [pts[x] if floor is None else max(pts[x], floor) for x in xs]
+        ax.plot(xs, ys, marker="o", linestyle="--" if dashed(key) else "-", label=label(key))
+
+
 def of_type(records, kind, bench=None):
     return [r for r in records if r.get("type") == kind and
             (bench is None or bench(r))]
@@ -94,10 +102,7 @@ def plot_throughput(records, caption, out):
     for r in rows:
         key = (r["_banner"].get("backend", "cpu"), r["mask"], r.get("dtype", "f32"), r["pass"])
         lines[key][r["seq"]] = r["gflops"]
-    for (backend, mask, dtype, pas), pts in sorted(lines.items()):
-        t = sorted(pts)
-        ax.plot(t, [pts[x] for x in t], marker="o", linestyle="-" if pas == "fwd" else "--",
-                label="%s %s %s %s" % (backend, dtype, mask, pas))
+    draw(ax, lines, lambda k: "%s %s %s %s" % (k[0], k[2], k[1], k[3]), lambda k: k[3] == "bwd")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens T (one rank)")
     ax.set_ylabel("GFLOP/s (allowed pairs)")
@@ -114,10 +119,7 @@ def plot_efficiency(records, caption, out):
     lines = defaultdict(dict)
     for r in rows:
         lines[(r["layout"], r["mask"], r["pass"])][r["ranks"]] = float(r["eff_pct"])
-    for (layout, mask, pas), pts in sorted(lines.items()):
-        p = sorted(pts)
-        ax.plot(p, [pts[x] for x in p], marker="o", linestyle="-" if pas == "fwd" else "--",
-                label="%s %s %s" % (layout, mask, pas))
+    draw(ax, lines, lambda k: "%s %s %s" % k, lambda k: k[2] == "bwd")
     ax.axhline(85, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("ranks P")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -162,11 +164,8 @@ def plot_error(records, caption, out):
             for layout in (layouts if r.get("layout") == "single" else [r.get("layout", "")]):
                 key = (r.get("dtype", "f32"), r.get("mask", ""), layout)
                 lines[key][r["ranks"]] = r["err_" + what]
-        for (dtype, mask, layout), pts in sorted(lines.items()):
-            p = sorted(pts)
-            ax.plot(p, [max(pts[x], 1e-12) for x in p], marker="o",
-                    label="%s %s %s %s" % (what.upper() if what != "dq" else "dQ", dtype, mask,
-                                           layout))
+        name = what.upper() if what != "dq" else "dQ"
+        draw(ax, lines, lambda k, name=name: "%s %s %s %s" % ((name,) + k), floor=1e-12)
     ax.set_yscale("log")
     ax.set_xlabel("ranks P")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -184,10 +183,7 @@ def plot_dynamic(records, caption, out):
     for r in rows:
         for pas in ("fwd", "bwd"):
             lines[(r["seq"], pas)][r["kept_pct"]] = r["time_%s_ms" % pas]
-    for (seq, pas), pts in sorted(lines.items()):
-        k = sorted(pts)
-        ax.plot(k, [pts[x] for x in k], marker="o", linestyle="-" if pas == "fwd" else "--",
-                label="T %d %s" % (seq, pas))
+    draw(ax, lines, lambda k: "T %d %s" % k, lambda k: k[1] == "bwd")
     ax.set_xlabel("keys kept per row, % of the allowed ones (top-k density)")
     ax.set_ylabel("time, ms")
     ax.set_title("Dynamic mask attention: time against density")
@@ -202,9 +198,7 @@ def plot_decode(records, caption, out):
     lines = defaultdict(dict)
     for r in rows:
         lines[r["cache"]][r["ranks"]] = r["tokens_per_s"]
-    for cache, pts in sorted(lines.items()):
-        p = sorted(pts)
-        ax.plot(p, [pts[x] for x in p], marker="o", label="cache %d keys" % cache)
+    draw(ax, lines, lambda cache: "cache %d keys" % cache)
     ax.set_yscale("log")
     ax.set_xlabel("ranks P holding the cache")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
