@@ -3,6 +3,7 @@
  * transport shares -- the call agreement, tags, deadlines and the failed state (comm.h, DESIGN:
  * failure semantics).
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,12 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 
-/* Collective calls this thread refused before reaching a comm, ever (ra__comm_refused). */
-static _Thread_local unsigned long refused_calls;
+/*
+ * Collective calls this process refused before they reached a comm, ever (ra__comm_refused). A
+ * NULL or destroyed plan, or an invalid comm, names no comm, so the count is the process's, not
+ * a thread's: a rank's calls may run on any thread (PyTorch runs the backward on its own).
+ */
+static _Atomic unsigned long refused_calls;
 
 ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size)
 {
@@ -61,7 +66,7 @@ int ra__comm_next_tag(ringattn_comm_t c)
     return (int)(((c->calls % 31u) << 10) | (at * RA_EXCHANGE_SLOTS));
 }
 
-void ra__comm_refused(void) { ++refused_calls; }
+void ra__comm_refused(void) { atomic_fetch_add(&refused_calls, 1); }
 
 static void beacon(void *ctx)
 {
@@ -132,12 +137,14 @@ static int64_t fail_code(const ringattn_comm_t c, ringattn_status_t st)
     return st == RINGATTN_SUCCESS ? INT64_MAX : (int64_t)c->rank * 16 + (int64_t)st;
 }
 
-static ringattn_status_t refused_elsewhere(ringattn_comm_t c, const char *fn, int64_t code)
+/* what: "refused" (the opening agreement) or "failed" (the closing one). */
+static ringattn_status_t failed_elsewhere(ringattn_comm_t c, const char *fn, int64_t code,
+                                          const char *what)
 {
     return ra__fail((ringattn_status_t)(code % 16),
-                    "%s: refused on rank %d (this is rank %d of %d): see that rank's message; "
-                    "the call failed on every rank",
-                    fn, (int)(code / 16), c->rank, c->size);
+                    "%s: %s on rank %d (this is rank %d of %d): see that rank's message; the "
+                    "call failed on every rank",
+                    fn, what, (int)(code / 16), c->rank, c->size);
 }
 
 static const char *kind_name(int64_t k)
@@ -147,25 +154,46 @@ static const char *kind_name(int64_t k)
                                     : "ringattn_backward";
 }
 
-enum { HEAD = 7, VALS_MAX = RA_ALLREDUCE_MAX - HEAD };
+enum { HEAD = 8, VALS_MAX = RA_ALLREDUCE_MAX - HEAD };
+
+static ringattn_status_t refused_before(ringattn_comm_t c, const char *fn, int64_t rank)
+{
+    return ra__fail(RINGATTN_ERR_INVALID_USAGE,
+                    "%s: the process of rank %lld refused a call before it reached a comm (a "
+                    "NULL or destroyed plan, or an invalid comm), which names no comm: so that "
+                    "no call pairs with that one's peers, this call failed on every rank (this "
+                    "is rank %d of %d), as does the next call of every comm of that process; "
+                    "the call after pairs up again",
+                    fn, (long long)rank, c->rank, c->size);
+}
 
 ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind kind,
                                  unsigned plan, ringattn_status_t local, int64_t *vals, int n)
 {
     RA_CHECK(n >= 0 && n <= VALS_MAX, RINGATTN_ERR_INTERNAL, "%s: agreement of %d values", fn, n);
-    /* refusals since this comm's last agreement (none before its first: no plan of it existed
-       then, and a plan_create retried after an invalid comm pairs rightly with the others') */
-    if (!c->agreed) c->refused_seen = refused_calls;
-    const int64_t call = (int64_t)c->calls + 1 + (int64_t)(refused_calls - c->refused_seen);
-    c->refused_seen = refused_calls;
+    /*
+     * The process's refusals since this comm's last agreement ended (none before its first: no
+     * plan of it existed then, and a plan_create retried after an invalid comm pairs rightly
+     * with the others'). Each one adds to the call number, so that a rank that left a call
+     * early does not pair its next call with its peers' current one, and fails this call on
+     * every rank: with ranks as threads of one process, a peer that had not yet entered the
+     * refused call counts the refusal too and would pair with the refusing rank's next call.
+     * Refusals made while this agreement waits are dropped at its end: a peer of the refusing
+     * rank then fails this call by the call numbers, and an unrelated comm needs nothing.
+     */
+    const unsigned long refused = atomic_load(&refused_calls);
+    const unsigned long pending = c->agreed ? refused - c->refused_seen : 0;
+    const int64_t call = (int64_t)c->calls + 1 + (int64_t)pending;
     c->agreed = 1;
     c->calls = (unsigned)call;
     c->exchanges = 0;
     c->call_fn = fn;
     int64_t v[RA_ALLREDUCE_MAX] = {fail_code(c, local), call, -call, kind, -(int64_t)kind,
-                                   plan, -(int64_t)plan};
+                                   plan, -(int64_t)plan, pending ? c->rank : INT64_MAX};
     for (int i = 0; i < n; ++i) v[HEAD + i] = local == RINGATTN_SUCCESS ? vals[i] : INT64_MAX;
-    RA_TRY(allreduce(c, fn, v, HEAD + n));
+    const ringattn_status_t st = allreduce(c, fn, v, HEAD + n);
+    c->refused_seen = atomic_load(&refused_calls);
+    RA_TRY(st);
     if (-v[2] != v[1]) c->calls = (unsigned)-v[2]; /* every rank resumes after the highest */
     if (local != RINGATTN_SUCCESS) return local; /* this rank's own message stands */
     RA_CHECK(-v[2] == v[1], RINGATTN_ERR_INVALID_USAGE,
@@ -181,7 +209,8 @@ ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind
              "%s: other ranks passed another plan (this is rank %d of %d), expected the plans "
              "made together by one ringattn_plan_create; the call failed on every rank",
              fn, c->rank, c->size);
-    if (v[0] != INT64_MAX) return refused_elsewhere(c, fn, v[0]);
+    if (v[0] != INT64_MAX) return failed_elsewhere(c, fn, v[0], "refused");
+    if (v[7] != INT64_MAX) return refused_before(c, fn, v[7]);
     for (int i = 0; i < n; ++i) vals[i] = v[HEAD + i];
     return RINGATTN_SUCCESS;
 }
@@ -193,7 +222,12 @@ ringattn_status_t ra__comm_conclude(ringattn_comm_t c, const char *fn, ringattn_
     int64_t v[1] = {fail_code(c, local)};
     RA_TRY(allreduce(c, fn, v, 1));
     if (local != RINGATTN_SUCCESS) return local;
-    return v[0] == INT64_MAX ? RINGATTN_SUCCESS : refused_elsewhere(c, fn, v[0]);
+    return v[0] == INT64_MAX ? RINGATTN_SUCCESS : failed_elsewhere(c, fn, v[0], "failed");
+}
+
+ringattn_status_t ra__comm_check_stream(ringattn_comm_t c, const char *fn, void *stream)
+{
+    return c->ops->check_stream ? c->ops->check_stream(c, fn, stream) : RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ra__comm_allgather(ringattn_comm_t c, const void *send, void *recv,

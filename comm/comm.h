@@ -10,8 +10,8 @@
  *
  * Calls and failures (DESIGN, failure semantics). Every collective call of the library (plan
  * creation, forward, backward) opens with ra__comm_agree, one allreduce that carries the call's
- * identity: this comm's call number (plus the calls this thread refused before it could reach
- * a comm: a NULL or destroyed plan), the kind of call and the plan. A mismatch fails the call
+ * identity: this comm's call number (plus the calls this process refused before they could
+ * reach a comm: a NULL or destroyed plan), the kind of call and the plan. A mismatch fails the call
  * on every rank and brings the numbers back in step, so no call ever pairs with another. Every
  * message's tag carries the call number and the exchange's place in the call. Every wait has
  * a deadline of no progress for RINGATTN_COMM_TIMEOUT seconds (progress: a message moved, or a
@@ -88,6 +88,9 @@ struct ra_comm_ops {
     /* This rank is computing (its kernels poll): tell the peers it is alive, at most every
        quarter deadline, so that a long step is not taken for a stall. */
     void (*beat)(ringattn_comm_t c);
+    /* Optional (NULL: any stream): refuses a call's stream the transport cannot order its
+       exchanges on, with a message naming fn. Checked before the call's agreement. */
+    ringattn_status_t (*check_stream)(ringattn_comm_t c, const char *fn, void *stream);
     void (*destroy)(ringattn_comm_t c);
 };
 
@@ -98,7 +101,7 @@ struct ringattn_comm {
     int rank, size;
     void *impl;
     unsigned calls;     /* collective calls entered on this comm (ra__comm_agree) */
-    unsigned long refused_seen; /* the thread's refused calls at the last agreement */
+    unsigned long refused_seen; /* the process's refused calls when its last agreement ended */
     int agreed;                 /* some agreement ran on it */
     unsigned exchanges; /* started in the current call: the next exchange's tags */
     const char *call_fn; /* the current call's public function (messages), a string constant */
@@ -147,10 +150,13 @@ ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind
                                  unsigned plan, ringattn_status_t local, int64_t *vals, int n);
 /* The agreement that closes a call: every rank returns the first failing rank's status. */
 ringattn_status_t ra__comm_conclude(ringattn_comm_t c, const char *fn, ringattn_status_t local);
-/* A collective call refused on this thread before it reached its comm (a NULL or destroyed
-   plan or comm): the next agreement of every comm this thread has agreed on carries it, so
-   that their peers do not pair their call with this thread's next one. */
+/* A collective call refused before it reached its comm (a NULL or destroyed plan or comm): the
+   next agreement of every comm of this process carries it and fails on every rank, so that
+   their peers do not pair their call with this rank's next one (ra__comm_agree). */
 void ra__comm_refused(void);
+
+/* The transport's check of a call's stream (ops->check_stream), before the call's agreement. */
+ringattn_status_t ra__comm_check_stream(ringattn_comm_t c, const char *fn, void *stream);
 
 /* The transport entry points the ring uses: they fail fast on a failed comm, fail the comm on
    any transport error, and name the peer/step in the message. */

@@ -90,15 +90,17 @@ static void th_poll(void *ctx)
 }
 
 /* Gives up an exchange, lock held: its posts are withdrawn (their buffers go back to the
-   sender), its receives dropped. Returns the first peer it was still waiting for. */
+   sender), its receives dropped. Returns the first peer it was still waiting for: one it had
+   to receive from, else one that had not taken this rank's message yet. */
 static int give_up_locked(hub *h, ra_exchange *x)
 {
     int from = -1;
+    for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i)
+        if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         post *mine = &state_of(x)->posts[i];
+        if (mine->live && from < 0) from = mine->dst; /* read before unlink_post clears it */
         if (mine->live) unlink_post(h, mine);
-        if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
-        if (mine->live && from < 0) from = mine->dst;
         x->recv[i].bytes = 0;
     }
     return from;

@@ -219,13 +219,19 @@ static ringattn_status_t plan_create(ringattn_comm_t comm, const ringattn_plan_d
     RA_TRY(st);
 
     struct ringattn_plan *p = calloc(1, sizeof *p);
-    RA_CHECK(p != NULL, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
-    p->host_bytes = sizeof *p;
-    st = plan_fill(p, comm, &d, be);
+    st = p ? RINGATTN_SUCCESS : ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    if (p) p->host_bytes = sizeof *p;
+    if (st == RINGATTN_SUCCESS) st = plan_fill(p, comm, &d, be);
     if (st == RINGATTN_SUCCESS && ra__registry_add(p) != 0)
         st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    /* A collective creation ends the same on every rank: one whose memory ran out after the
+       agreement fails it everywhere, and every rank frees its plan. */
+    if (comm) st = ra__comm_conclude(comm, FN, st);
     if (st != RINGATTN_SUCCESS) {
-        plan_free(p);
+        if (p) {
+            ra__registry_remove(p);
+            plan_free(p);
+        }
         return st;
     }
     *plan = p;

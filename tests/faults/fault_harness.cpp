@@ -1,5 +1,7 @@
 #include "faults/fault_harness.hpp"
 
+#include "support/alloc_fault.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -23,6 +25,8 @@ ringattn_plan_desc_t problem_desc()
     d.num_seqs = 1;
     d.cu_seqlens = cu;
     d.layout = RINGATTN_LAYOUT_ZIGZAG;
+    d.backend = ratest::test_backend();
+    if (d.backend != RINGATTN_BACKEND_CPU) return d; // a device backend's tiles are its own
     d.block_q = 16; // several tiles (several cblas_sgemm calls) per ring step
     d.block_k = 16;
     d.num_threads = 1; // the kernels run on the calling thread: per-thread stalls reach them
@@ -97,6 +101,7 @@ const Reference &reference(uint64_t gen)
     for (auto *t : {&r.o, &r.dq, &r.dk, &r.dv}) t->assign((size_t)T * H * D, NAN);
     std::vector<float> lse((size_t)H * T);
     ringattn_plan_desc_t d = problem_desc();
+    d.backend = RINGATTN_BACKEND_CPU; // host tensors
     ringattn_plan_t plan = nullptr;
     ringattn_tensors_t t = tensors(in.q.data(), in.k.data(), in.v.data(), r.o.data(), lse.data(),
                                    in.dout.data(), r.dq.data(), r.dk.data(), r.dv.data());
@@ -108,7 +113,15 @@ const Reference &reference(uint64_t gen)
     return r;
 }
 
-Rank::~Rank() { ringattn_plan_destroy(plan_); }
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV };
+
+Rank::Rank(ringattn_comm_t comm) : comm_(comm), stream_(ratest::device_memory().stream_create()) {}
+
+Rank::~Rank()
+{
+    ringattn_plan_destroy(plan_);
+    if (stream_) ratest::device_memory().stream_destroy(stream_);
+}
 
 Outcome Rank::create(ringattn_comm_t comm_to_pass)
 {
@@ -143,15 +156,28 @@ void Rank::load(uint64_t gen)
             std::copy(g.begin() + (long)(idx_[r] * w), g.begin() + (long)((idx_[r] + 1) * w),
                       l.begin() + (long)(r * w));
     };
-    rows(in.q, q_), rows(in.k, k_), rows(in.v, v_), rows(in.dout, dout_);
-    for (auto *t : {&dq_, &dk_, &dv_}) t->assign(n * w + 1, NAN); // poisoned
+    rows(in.q, arrays_[Q].host), rows(in.k, arrays_[K].host), rows(in.v, arrays_[V].host);
+    rows(in.dout, arrays_[DOUT].host);
+    for (int i : {DQ, DK, DV}) arrays_[i].host.assign(n * w + 1, NAN); // poisoned
+}
+
+ringattn_tensors_t Rank::bind()
+{
+    float *a[9];
+    for (int i = 0; i < 9; ++i) a[i] = arrays_[i].bind(stream_);
+    return tensors(a[Q], a[K], a[V], a[O], a[LSE], a[DOUT], a[DQ], a[DK], a[DV]);
+}
+
+void Rank::download(std::initializer_list<int> outs)
+{
+    for (int i : outs) arrays_[i].dev.download(stream_);
 }
 
 Outcome Rank::forward(uint64_t gen, ringattn_plan_t plan_to_pass)
 {
     load(gen);
-    o_.assign(idx_.size() * H * D + 1, NAN); // poisoned
-    lse_.assign((size_t)H * idx_.size() + 1, NAN);
+    arrays_[O].host.assign(idx_.size() * H * D + 1, NAN); // poisoned
+    arrays_[LSE].host.assign((size_t)H * idx_.size() + 1, NAN);
     forward_gen_ = gen;
     struct Ctx {
         Rank *self;
@@ -159,13 +185,12 @@ Outcome Rank::forward(uint64_t gen, ringattn_plan_t plan_to_pass)
     } ctx{this, plan_to_pass};
     Outcome o = timed("forward(gen " + std::to_string(gen) + ")", [](void *p) {
         Ctx *c = static_cast<Ctx *>(p);
-        Rank &r = *c->self;
-        ringattn_tensors_t t = tensors(r.q_.data(), r.k_.data(), r.v_.data(), r.o_.data(),
-                                       r.lse_.data(), r.dout_.data(), r.dq_.data(), r.dk_.data(),
-                                       r.dv_.data());
-        return ringattn_forward(c->plan, &t, nullptr);
+        const ringattn_tensors_t t = c->self->bind();
+        return ringattn_forward(c->plan, &t, c->self->stream_);
     }, &ctx);
-    o.wrong = o.status == RINGATTN_SUCCESS && differs(o_, reference(gen).o, idx_);
+    if (o.status != RINGATTN_SUCCESS) return o;
+    download({O, LSE});
+    o.wrong = differs(arrays_[O].host, reference(gen).o, idx_);
     return o;
 }
 
@@ -173,20 +198,19 @@ Outcome Rank::backward(uint64_t gen)
 {
     load(gen);
     if (forward_gen_ != gen) { /* no forward of these inputs: zeros, judged only if it succeeds */
-        o_.assign(idx_.size() * H * D + 1, 0.0f);
-        lse_.assign((size_t)H * idx_.size() + 1, 0.0f);
+        arrays_[O].host.assign(idx_.size() * H * D + 1, 0.0f);
+        arrays_[LSE].host.assign((size_t)H * idx_.size() + 1, 0.0f);
     }
     Outcome o = timed("backward(gen " + std::to_string(gen) + ")", [](void *p) {
         Rank &r = *static_cast<Rank *>(p);
-        ringattn_tensors_t t = tensors(r.q_.data(), r.k_.data(), r.v_.data(), r.o_.data(),
-                                       r.lse_.data(), r.dout_.data(), r.dq_.data(), r.dk_.data(),
-                                       r.dv_.data());
-        return ringattn_backward(r.plan_, &t, nullptr);
+        const ringattn_tensors_t t = r.bind();
+        return ringattn_backward(r.plan_, &t, r.stream_);
     }, this);
+    if (o.status != RINGATTN_SUCCESS) return o;
+    download({DQ, DK, DV});
     const Reference &ref = reference(gen);
-    o.wrong = o.status == RINGATTN_SUCCESS &&
-              (differs(dq_, ref.dq, idx_) || differs(dk_, ref.dk, idx_) ||
-               differs(dv_, ref.dv, idx_));
+    o.wrong = differs(arrays_[DQ].host, ref.dq, idx_) || differs(arrays_[DK].host, ref.dk, idx_) ||
+              differs(arrays_[DV].host, ref.dv, idx_);
     return o;
 }
 
@@ -197,6 +221,61 @@ Outcome Rank::destroy_plan()
     }, plan_);
     plan_ = nullptr;
     return o;
+}
+
+Outcome create_big_plan(ringattn_comm_t comm, bool out_of_memory)
+{
+    static const int32_t cu[] = {0, BIG_T};
+    ringattn_plan_desc_t d = problem_desc();
+    d.cu_seqlens = cu;
+    ringattn_plan_t plan = nullptr;
+    Outcome o;
+    o.what = "plan_create(T " + std::to_string(BIG_T) + ")";
+    if (out_of_memory) allocfault::arm(1 << 20);
+    const double t0 = now_s();
+    o.status = ringattn_plan_create(comm, &d, &plan);
+    o.seconds = now_s() - t0;
+    const long refused = allocfault::refused();
+    allocfault::disarm();
+    o.message = ringattn_last_error();
+    if (out_of_memory) o.message += " [allocations refused here: " + std::to_string(refused) + "]";
+    o.wrong = (o.status == RINGATTN_SUCCESS) != (plan != nullptr);
+    ringattn_plan_destroy(plan);
+    return o;
+}
+
+Worker::Worker()
+    : thread_([this] {
+          std::unique_lock<std::mutex> lk(mu_);
+          for (;;) {
+              cv_.wait(lk, [this] { return quit_ || task_; });
+              if (!task_) return;
+              task_();
+              task_ = nullptr;
+              cv_.notify_all();
+          }
+      })
+{
+}
+
+Worker::~Worker()
+{
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+Outcome Worker::run(const std::function<Outcome()> &task)
+{
+    Outcome out;
+    std::unique_lock<std::mutex> lk(mu_);
+    task_ = [&] { out = task(); };
+    cv_.notify_all();
+    cv_.wait(lk, [this] { return !task_; });
+    return out;
 }
 
 std::string describe(const std::vector<Outcome> &outs)

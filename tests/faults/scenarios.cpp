@@ -79,7 +79,8 @@ std::vector<Scenario> make()
                      }
                      check_comm_failure(o[0], DEADLINE + SLACK);
                      check_failed_fast(o[1]);
-                 }});
+                 },
+                 false, false, true});
     // Finding 2 and 3: a rank late past the deadline; the others fail at the deadline, the
     // late one at once, and retries fail the same way everywhere.
     s.push_back({"a rank that sleeps past the deadline before forward",
@@ -94,7 +95,8 @@ std::vector<Scenario> make()
                      if (rank == 1) check_failed_fast(o[0]);
                      else check_comm_failure(o[0], DEADLINE + SLACK);
                      check_failed_fast(o[1]);
-                 }});
+                 },
+                 false, false, true});
     s.push_back({"a rank that skips the forward and calls backward",
                  [](int rank, int, Rank &r) {
                      Outcomes o;
@@ -119,7 +121,8 @@ std::vector<Scenario> make()
                  [](int rank, const Outcomes &o) {
                      if (rank != 1) check_comm_failure(o[0], DEADLINE + SLACK);
                      check_failed_fast(o.back());
-                 }});
+                 },
+                 false, false, true});
     s.push_back({"an invalid comm passed to plan_create on one rank",
                  [](int rank, int, Rank &r) {
                      Outcomes o;
@@ -132,7 +135,8 @@ std::vector<Scenario> make()
                  [](int rank, const Outcomes &o) {
                      if (rank == 1) CHECK(o[0].status == RINGATTN_ERR_INVALID_USAGE);
                      else check_comm_failure(o[0], DEADLINE + SLACK);
-                 }});
+                 },
+                 false, false, true});
     s.push_back({"a rank that stalls inside the kernel past the deadline",
                  [](int rank, int, Rank &r) {
                      Outcomes o;
@@ -150,7 +154,8 @@ std::vector<Scenario> make()
                      CHECK(mentions(o[0], "no progress for"));
                      CHECK(mentions(o[0], "ring step"));
                      CHECK(mentions(o[0], "of call"));
-                 }});
+                 },
+                 true, false, true});
     s.push_back({"forward then backward with a NULL plan on one rank",
                  [](int rank, int, Rank &r) {
                      Outcomes o;
@@ -168,6 +173,48 @@ std::vector<Scenario> make()
                      check_ok(o[o.size() - 2]);
                      check_ok(o.back());
                  }});
+    // Issue 28, findings 1 and 2: a refusal belongs to no thread. Each rank's calls run on two
+    // threads of its own (a forward thread and a backward thread, as PyTorch's autograd runs
+    // them), neither of them the thread that made the plan.
+    s.push_back({"a NULL plan on one thread, then a call with new inputs on another",
+                 [](int rank, int, Rank &r) {
+                     Worker a, b;
+                     Outcomes o;
+                     if (rank == 1) o.push_back(a.run([&] { return r.forward(1, nullptr); }));
+                     o.push_back(b.run([&] { return r.forward(rank == 1 ? 2 : 1); }));
+                     o.push_back(a.run([&] { return r.forward(3); })); // pairs up again
+                     o.push_back(b.run([&] { return r.forward(4); }));
+                     return o;
+                 },
+                 [](int rank, const Outcomes &o) {
+                     if (rank == 1) CHECK(o[0].status == RINGATTN_ERR_INVALID_ARGUMENT);
+                     const Outcome &paired = o[rank == 1 ? 1 : 0];
+                     INFO(paired.message);
+                     CHECK(paired.status == RINGATTN_ERR_INVALID_USAGE);
+                     CHECK(paired.seconds < SLACK);
+                     check_ok(o[o.size() - 2]);
+                     check_ok(o.back());
+                 },
+                 false, true});
+    s.push_back({"forward and backward on their own threads, after a refusal on the forward's",
+                 [](int rank, int, Rank &r) {
+                     Worker fwd, bwd;
+                     Outcomes o;
+                     if (rank == 1) o.push_back(fwd.run([&] { return r.forward(1, nullptr); }));
+                     o.push_back(fwd.run([&] { return r.forward(1); })); // fails with the refusal
+                     for (uint64_t gen = 2; gen <= 4; ++gen) {
+                         o.push_back(fwd.run([&] { return r.forward(gen); }));
+                         o.push_back(bwd.run([&] { return r.backward(gen); }));
+                     }
+                     return o;
+                 },
+                 [](int rank, const Outcomes &o) {
+                     const size_t first = rank == 1 ? 1 : 0;
+                     INFO(o[first].message);
+                     CHECK(o[first].status == RINGATTN_ERR_INVALID_USAGE);
+                     for (size_t i = first + 1; i < o.size(); ++i) check_ok(o[i]);
+                 },
+                 false, true});
     return s;
 }
 
@@ -182,7 +229,11 @@ const std::vector<Scenario> &scenarios()
 void judge_rank(const Scenario &s, int rank, const Outcomes &outs)
 {
     INFO("scenario: " << s.name << ", rank " << rank << ":\n" << describe(outs));
-    for (const Outcome &o : outs) CHECK_FALSE(o.wrong);
+    for (const Outcome &o : outs) {
+        INFO(o.what << ": " << o.message);
+        CHECK_FALSE(o.wrong);
+        CHECK_FALSE(mentions(o, "rank -1")); // a message names the peer it waited for
+    }
     s.judge(rank, outs);
 }
 

@@ -23,6 +23,13 @@ struct Scenario {
     // Judges one rank's outcomes (Catch2 CHECKs); every scenario also requires that no call
     // succeeded with wrong data.
     std::function<void(int rank, const Outcomes &outs)> judge;
+    // It stalls the CPU kernels' cblas_sgemm (stall.cpp): the CPU backend only.
+    bool stalls_sgemm = false;
+    // It calls from threads other than the rank's own (MPI: MPI_THREAD_SERIALIZED at least).
+    bool hops_threads = false;
+    // Some rank's deadline is part of it: its peers must hear of the failed comm at once
+    // (a custom transport has no way to tell them: DESIGN, failure semantics).
+    bool times_out = false;
 };
 
 // The catalogue (scenarios.cpp). The faulty rank is rank 1.

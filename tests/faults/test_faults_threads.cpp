@@ -1,13 +1,20 @@
-// The fault scenarios (scenarios.hpp) over the threads transport: 4 ranks as threads of this
-// process, RINGATTN_COMM_TIMEOUT = DEADLINE. Each scenario gets fresh comms, and its ranks'
-// outcomes are judged after all threads have returned (none may hang: ctest's timeout).
+// The fault scenarios (scenarios.hpp) over the transports of ranks as threads of this process:
+// 4 ranks, RINGATTN_COMM_TIMEOUT = DEADLINE. On the CPU backend the threads transport and a
+// custom one (the tests' mailbox, ring/mailbox_transport.hpp); on a device backend the
+// device-copy threads transport and NCCL (the emulated library's fake). Each scenario gets
+// fresh comms, and its ranks' outcomes are judged after all threads have returned (none may
+// hang: ctest's timeout).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
 #include "faults/scenarios.hpp"
+#include "ring/mailbox_transport.hpp"
+#include "ring/ring_harness.hpp"
+#include "support/alloc_fault.hpp"
 
 using namespace faults;
 
@@ -15,23 +22,76 @@ namespace {
 
 constexpr int RANKS = 4;
 
-std::vector<Outcomes> run_threads(const Scenario &s)
+// How a transport's comms are made: all at once (threads) or each by its rank's thread.
+struct Transport {
+    std::string name;
+    bool tells_peers; // a failed comm fails its peers' calls at once (custom: no way to)
+    std::function<ringattn_status_t(std::vector<ringattn_comm_t> &)> make_all;
+    std::function<ringattn_status_t(int rank, ringattn_comm_t *)> make_one;
+};
+
+std::vector<Transport> transports()
 {
-    std::vector<ringattn_comm_t> comms(RANKS);
-    REQUIRE(ringattn_comm_create_threads(RANKS, comms.data()) == RINGATTN_SUCCESS);
+    std::vector<Transport> t;
+    const bool host = ratest::device_memory().is_host();
+    t.push_back({host ? "threads" : "device-copy threads", true,
+                 [](std::vector<ringattn_comm_t> &c) {
+                     return ringtest::make_thread_comms((int)c.size(), c.data());
+                 },
+                 nullptr});
+    if (host) {
+        auto net = std::make_shared<mailbox::Network>();
+        net->any_thread = true; // the scenarios call from several threads of a rank
+        t.push_back({"custom", false, nullptr, [net](int r, ringattn_comm_t *c) {
+                         return net->make(r, RANKS, c);
+                     }});
+    }
+    const ringtest::NcclEntry nccl = ringtest::nccl_entry();
+    if (!host && nccl && !std::getenv("RATEST_GPU")) {
+        auto id = std::make_shared<std::vector<unsigned char>>(128);
+        t.push_back({"nccl", true,
+                     [nccl, id](std::vector<ringattn_comm_t> &) {
+                         return nccl.get_id(id->data()) == 0 ? RINGATTN_SUCCESS
+                                                              : RINGATTN_ERR_COMM;
+                     },
+                     [nccl, id](int r, ringattn_comm_t *c) {
+                         return nccl.create(id->data(), RANKS, r, -1, c);
+                     }});
+    }
+    return t;
+}
+
+std::vector<Outcomes> run_threads(const Transport &tr, const Scenario &s)
+{
+    std::vector<ringattn_comm_t> comms(RANKS, nullptr);
+    if (tr.make_all) REQUIRE(tr.make_all(comms) == RINGATTN_SUCCESS);
     std::vector<Outcomes> outs(RANKS);
-    std::vector<int> made(RANKS, 0);
-    std::vector<std::thread> threads;
+    std::vector<Outcome> made(RANKS);
+    std::vector<ringattn_status_t> destroyed(RANKS, RINGATTN_SUCCESS);
+    std::vector<std::thread> threads; // no Catch2 assertion in them: it is not thread-safe
     for (int r = 0; r < RANKS; ++r)
         threads.emplace_back([&, r] {
-            Rank rank(comms[(size_t)r]);
-            if (rank.create().status != RINGATTN_SUCCESS) return;
-            made[(size_t)r] = 1;
-            outs[(size_t)r] = s.script(r, RANKS, rank);
+            ringattn_comm_t &comm = comms[(size_t)r];
+            if (tr.make_one && (made[(size_t)r].status = tr.make_one(r, &comm)) != RINGATTN_SUCCESS) {
+                made[(size_t)r].message = ringattn_last_error();
+                return;
+            }
+            {
+                Rank rank(comm);
+                made[(size_t)r] = rank.create();
+                if (made[(size_t)r].status == RINGATTN_SUCCESS)
+                    outs[(size_t)r] = s.script(r, RANKS, rank);
+            }
+            if (tr.make_one) destroyed[(size_t)r] = ringattn_comm_destroy(comm);
         });
     for (auto &t : threads) t.join();
-    for (auto c : comms) CHECK(ringattn_comm_destroy(c) == RINGATTN_SUCCESS);
-    for (int r = 0; r < RANKS; ++r) REQUIRE(made[(size_t)r] == 1);
+    if (!tr.make_one)
+        for (auto c : comms) CHECK(ringattn_comm_destroy(c) == RINGATTN_SUCCESS);
+    for (int r = 0; r < RANKS; ++r) {
+        INFO("rank " << r << ": " << made[(size_t)r].message);
+        REQUIRE(made[(size_t)r].status == RINGATTN_SUCCESS);
+        CHECK(destroyed[(size_t)r] == RINGATTN_SUCCESS);
+    }
     return outs;
 }
 
@@ -41,11 +101,16 @@ TEST_CASE("faults over threads: no wrong result, no hang, every rank fails the s
           "[faults]")
 {
     setenv("RINGATTN_COMM_TIMEOUT", std::to_string(DEADLINE).c_str(), 1);
-    for (const Scenario &s : scenarios()) {
-        SECTION(s.name)
-        {
-            const std::vector<Outcomes> outs = run_threads(s);
-            for (int r = 0; r < RANKS; ++r) judge_rank(s, r, outs[(size_t)r]);
+    const bool host = ratest::device_memory().is_host();
+    for (const Transport &tr : transports()) {
+        for (const Scenario &s : scenarios()) {
+            if (s.stalls_sgemm && !host) continue;     // a device backend's kernels: no sgemm
+            if (s.times_out && !tr.tells_peers) continue; // DESIGN: custom peers end at their deadlines
+            SECTION(tr.name + ": " + s.name)
+            {
+                const std::vector<Outcomes> outs = run_threads(tr, s);
+                for (int r = 0; r < RANKS; ++r) judge_rank(s, r, outs[(size_t)r]);
+            }
         }
     }
 }
@@ -54,7 +119,7 @@ TEST_CASE("a descriptor mismatch names the field on every rank", "[faults]")
 {
     constexpr int P = 3;
     std::vector<ringattn_comm_t> comms(P);
-    REQUIRE(ringattn_comm_create_threads(P, comms.data()) == RINGATTN_SUCCESS);
+    REQUIRE(ringtest::make_thread_comms(P, comms.data()) == RINGATTN_SUCCESS);
     std::vector<std::string> msgs(P);
     std::vector<ringattn_status_t> st(P);
     std::vector<std::thread> threads;
@@ -73,5 +138,35 @@ TEST_CASE("a descriptor mismatch names the field on every rank", "[faults]")
         INFO("rank " << r << ": " << msgs[(size_t)r]);
         CHECK(st[(size_t)r] == RINGATTN_ERR_INVALID_ARGUMENT);
         CHECK(msgs[(size_t)r].find("desc.window_left: differs between ranks") != std::string::npos);
+    }
+}
+
+TEST_CASE("plan_create out of memory on one rank after the agreement fails on every rank",
+          "[faults][alloc]")
+{
+    if (!allocfault::available()) {
+        WARN("skipped under AddressSanitizer: the allocation interposer would bypass its allocator");
+        return;
+    }
+    setenv("RINGATTN_COMM_TIMEOUT", std::to_string(DEADLINE).c_str(), 1);
+    for (const Transport &tr : transports()) {
+        SECTION(tr.name)
+        {
+            const Scenario s{"a big plan out of memory on rank 1, then a small plan's forward",
+                             [](int rank, int, Rank &r) {
+                                 return Outcomes{create_big_plan(r.comm(), rank == 1),
+                                                 r.forward(1)};
+                             },
+                             [](int rank, const Outcomes &o) {
+                                 INFO(o[0].message);
+                                 CHECK(o[0].status == RINGATTN_ERR_OUT_OF_MEMORY);
+                                 if (rank == 1) CHECK(o[0].message.find("refused here: 0]") == std::string::npos);
+                                 CHECK(o[0].seconds < SLACK);
+                                 INFO(o[1].message);
+                                 CHECK(o[1].status == RINGATTN_SUCCESS); // the comm still works
+                             }};
+            const std::vector<Outcomes> outs = run_threads(tr, s);
+            for (int r = 0; r < RANKS; ++r) judge_rank(s, r, outs[(size_t)r]);
+        }
     }
 }

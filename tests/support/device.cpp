@@ -46,8 +46,8 @@ class HostMemory final : public DeviceMemory {
     bool is_host() const override { return true; }
     void *alloc(size_t) override { return nullptr; }
     void release(void *) override {}
-    void upload(void *, const void *, size_t) override {}
-    void download(void *, const void *, size_t) override {}
+    void upload(void *, const void *, size_t, void *) override {}
+    void download(void *, const void *, size_t, void *) override {}
     void *stream_create() override { return nullptr; }
     void stream_destroy(void *) override {}
 };
@@ -62,10 +62,14 @@ class CudaMemory final : public DeviceMemory {
         free_ = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "cudaFree"));
         copy_ = reinterpret_cast<int (*)(void *, const void *, size_t, int)>(
             dlsym(RTLD_DEFAULT, "cudaMemcpy"));
+        copy_async_ = reinterpret_cast<int (*)(void *, const void *, size_t, int, void *)>(
+            dlsym(RTLD_DEFAULT, "cudaMemcpyAsync"));
+        ssync_ = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "cudaStreamSynchronize"));
         sync_ = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "cudaDeviceSynchronize"));
         screate_ = reinterpret_cast<int (*)(void **)>(dlsym(RTLD_DEFAULT, "cudaStreamCreate"));
         sdestroy_ = reinterpret_cast<int (*)(void *)>(dlsym(RTLD_DEFAULT, "cudaStreamDestroy"));
-        if (!malloc_ || !free_ || !copy_ || !sync_ || !screate_ || !sdestroy_)
+        if (!malloc_ || !free_ || !copy_ || !copy_async_ || !sync_ || !ssync_ || !screate_ ||
+            !sdestroy_)
             throw std::runtime_error("ratest: RATEST_BACKEND=cuda, but no CUDA runtime is loaded "
                                      "(run against the emulated or the nvcc-built library)");
     }
@@ -77,11 +81,18 @@ class CudaMemory final : public DeviceMemory {
         return p;
     }
     void release(void *p) override { free_(p); }
-    void upload(void *dev, const void *host, size_t bytes) override { check(copy_(dev, host, bytes, 4)); }
-    void download(void *host, const void *dev, size_t bytes) override
+    void upload(void *dev, const void *host, size_t bytes, void *stream) override
     {
-        check(sync_()); // the library's calls are stream-ordered: wait for them
-        check(copy_(host, dev, bytes, 4));
+        if (!stream) return check(copy_(dev, host, bytes, 4));
+        check(copy_async_(dev, host, bytes, 4, stream));
+        check(ssync_(stream));
+    }
+    void download(void *host, const void *dev, size_t bytes, void *stream) override
+    {
+        // the library's calls are stream-ordered: wait for them
+        if (!stream) return check(sync_()), check(copy_(host, dev, bytes, 4));
+        check(copy_async_(host, dev, bytes, 4, stream));
+        check(ssync_(stream));
     }
 
     void *stream_create() override
@@ -100,7 +111,9 @@ class CudaMemory final : public DeviceMemory {
     int (*malloc_)(void **, size_t);
     int (*free_)(void *);
     int (*copy_)(void *, const void *, size_t, int); // kind 4: cudaMemcpyDefault
+    int (*copy_async_)(void *, const void *, size_t, int, void *);
     int (*sync_)();
+    int (*ssync_)(void *);
     int (*screate_)(void **);
     int (*sdestroy_)(void *);
 };
@@ -130,7 +143,7 @@ Mirror::~Mirror()
     if (dev_) mem_->release(dev_);
 }
 
-void *Mirror::bind(void *host, size_t bytes)
+void *Mirror::bind(void *host, size_t bytes, void *stream)
 {
     if (!mem_) mem_ = &device_memory();
     DeviceMemory &m = *mem_;
@@ -142,13 +155,13 @@ void *Mirror::bind(void *host, size_t bytes)
         dev_ = m.alloc(bytes);
         capacity_ = bytes;
     }
-    m.upload(dev_, host, bytes);
+    m.upload(dev_, host, bytes, stream);
     return dev_;
 }
 
-void Mirror::download()
+void Mirror::download(void *stream)
 {
-    if (mem_ && !mem_->is_host() && host_ && dev_) mem_->download(host_, dev_, bytes_);
+    if (mem_ && !mem_->is_host() && host_ && dev_) mem_->download(host_, dev_, bytes_, stream);
 }
 
 } // namespace ratest

@@ -35,8 +35,10 @@ class DeviceMemory {
     virtual bool is_host() const = 0;
     virtual void *alloc(size_t bytes) = 0;
     virtual void release(void *p) = 0;
-    virtual void upload(void *dev, const void *host, size_t bytes) = 0;
-    virtual void download(void *host, const void *dev, size_t bytes) = 0;
+    // With stream (nullptr: the device's): the copy is ordered on it and waited for; without,
+    // download waits for every stream of the device first.
+    virtual void upload(void *dev, const void *host, size_t bytes, void *stream = nullptr) = 0;
+    virtual void download(void *host, const void *dev, size_t bytes, void *stream = nullptr) = 0;
     // A stream of the device for one rank's calls (nullptr on a host backend), and its end.
     virtual void *stream_create() = 0;
     virtual void stream_destroy(void *stream) = 0;
@@ -56,10 +58,11 @@ class Mirror {
     Mirror(const Mirror &) {} // a copy mirrors nothing until bound
     Mirror &operator=(const Mirror &) { return *this; }
     ~Mirror();
-    // The copy of [host, host + bytes), written from it now.
-    void *bind(void *host, size_t bytes);
+    // The copy of [host, host + bytes), written from it now (ordered on stream, if one: a rank
+    // of ranks as threads must not wait for its peers' streams).
+    void *bind(void *host, size_t bytes, void *stream = nullptr);
     // The copy's bytes back into the host range bound last.
-    void download();
+    void download(void *stream = nullptr);
 
   private:
     DeviceMemory *mem_ = nullptr; // of the backend at the first bind
@@ -72,7 +75,10 @@ template <class T>
 struct Mirrored {
     std::vector<T> host;
     Mirror dev;
-    T *bind() { return static_cast<T *>(dev.bind(host.data(), host.size() * sizeof(T))); }
+    T *bind(void *stream = nullptr)
+    {
+        return static_cast<T *>(dev.bind(host.data(), host.size() * sizeof(T), stream));
+    }
 };
 
 } // namespace ratest

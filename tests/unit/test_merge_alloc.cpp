@@ -3,39 +3,14 @@
 // that finds no memory is RINGATTN_ERR_OUT_OF_MEMORY with nothing written.
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "ringattn.h"
 
-#if !defined(__SANITIZE_ADDRESS__)
-// This executable's allocator entry points take the place of libc's for the whole process (the
-// library's calls included): while `failing` is set, every allocation fails. ASan has its own
-// allocator, which these would bypass: the test is left out of sanitizer builds.
-extern "C" void *__libc_malloc(size_t);
-extern "C" void *__libc_calloc(size_t, size_t);
-extern "C" void *__libc_realloc(void *, size_t);
-extern "C" void *__libc_memalign(size_t, size_t);
-static std::atomic<bool> failing{false};
-static std::atomic<long> refused{0};
-static bool fail_now()
-{
-    if (!failing) return false;
-    ++refused;
-    return true;
-}
-extern "C" void *malloc(size_t n) { return fail_now() ? nullptr : __libc_malloc(n); }
-extern "C" void *calloc(size_t a, size_t b) { return fail_now() ? nullptr : __libc_calloc(a, b); }
-extern "C" void *realloc(void *p, size_t n) { return fail_now() ? nullptr : __libc_realloc(p, n); }
-extern "C" void *aligned_alloc(size_t a, size_t n) { return fail_now() ? nullptr : __libc_memalign(a, n); }
-extern "C" int posix_memalign(void **p, size_t a, size_t n)
-{
-    if (fail_now()) return 12; // ENOMEM
-    *p = __libc_memalign(a, n);
-    return *p ? 0 : 12;
-}
+#include "support/alloc_fault.hpp"
 
+#if !defined(__SANITIZE_ADDRESS__)
 TEST_CASE("merge: invalid arguments are reported as such when no memory is left", "[merge][alloc]")
 {
     const int T = 5, H = 2, Dv = 4, n = 2;
@@ -65,20 +40,19 @@ TEST_CASE("merge: invalid arguments are reported as such when no memory is left"
     };
     for (const Case &c : cases) {
         INFO(c.what);
-        refused = 0;
-        failing = true; // no Catch2 assertion until it is cleared: they allocate
+        allocfault::arm(); // every allocation fails
         const ringattn_status_t st = ringattn_merge_partials(n, T, c.H, Dv, c.dt, c.parts, c.lses,
                                                              c.out, out_lse.data());
-        failing = false;
+        allocfault::disarm();
         CHECK(st == RINGATTN_ERR_INVALID_ARGUMENT);
         CHECK(std::strstr(ringattn_last_error(), c.names) != nullptr);
-        CHECK(refused == 0); // not even asked for memory
+        CHECK(allocfault::refused() == 0); // not even asked for memory
     }
     // A valid merge without memory: out of memory, nothing written.
-    failing = true;
+    allocfault::arm();
     const ringattn_status_t st =
         ringattn_merge_partials(n, T, H, Dv, RINGATTN_FLOAT32, parts, lses, o, out_lse.data());
-    failing = false;
+    allocfault::disarm();
     CHECK(st == RINGATTN_ERR_OUT_OF_MEMORY);
     CHECK(std::strstr(ringattn_last_error(), "ringattn_merge_partials") != nullptr);
     CHECK(out == std::vector<float>(out.size(), -7.0f));
