@@ -16,6 +16,7 @@
  * borrowed one is only marked failed here, and the message says so.
  */
 #include <nccl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,22 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "comm/nccl_comm.h"
+
+/*
+ * Ranks of this process's NCCL comms per device. Real NCCL refuses two ranks of one
+ * communicator on one GPU, but comms of several communicators, or the fake NCCL's ranks as
+ * threads, can share one. Their calls must not share the legacy default stream: it is one FIFO
+ * for the device, so a rank's exchange queued behind a peer's wait for that very exchange
+ * deadlocks until the deadline (issue 28: calls failed after 3 s, some ranks' succeeded on data
+ * their aborted peers never sent).
+ */
+#define RA_NCCL_DEVICES 256
+static _Atomic int ranks_on_device[RA_NCCL_DEVICES];
+
+static _Atomic int *device_count(int device)
+{
+    return device >= 0 && device < RA_NCCL_DEVICES ? &ranks_on_device[device] : NULL;
+}
 
 typedef struct nccl_impl {
     ncclComm_t nc;
@@ -101,7 +118,7 @@ static ringattn_status_t reduce_to_host(ringattn_comm_t c, void *buf, size_t cou
     RA_TRY(settle(c, "ncclAllReduce", ncclAllReduce(buf, buf, count, type, op, n->nc, n->stream)));
     RA_TRY(n->dev->event_record(n->control_done, n->stream));
     RA_TRY(poll_event(c, n->control_done, what));
-    return n->dev->copy_to_host(host, buf, bytes);
+    return n->dev->copy_to_host(host, buf, bytes, n->stream);
 }
 
 static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_vals, ra_reduce_op op)
@@ -203,6 +220,18 @@ static int nc_still_active(ringattn_comm_t c)
 
 static void nc_beat(ringattn_comm_t c) { (void)c; } /* the host never waits on a computing peer */
 
+static ringattn_status_t nc_check_stream(ringattn_comm_t c, const char *fn, void *stream)
+{
+    _Atomic int *count = device_count(c->device);
+    const int ranks = count ? atomic_load(count) : 1;
+    RA_CHECK(stream != NULL || ranks < 2, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: got NULL (the legacy default stream), but %d ranks of this process's "
+             "NCCL comms are on device %d and would queue their exchanges behind each other's "
+             "waits on that one stream; give each rank a stream of its own",
+             fn, ranks, c->device);
+    return RINGATTN_SUCCESS;
+}
+
 static void impl_free(nccl_impl *n)
 {
     if (!n) return;
@@ -223,6 +252,8 @@ static void nc_destroy(ringattn_comm_t c)
     nccl_impl *n = c->impl;
     const ra_device_ops *dev = n->dev;
     const int previous = dev->set_device(c->device);
+    _Atomic int *count = device_count(c->device);
+    if (count) atomic_fetch_sub(count, 1);
     impl_free(n);
     if (previous >= 0) dev->set_device(previous);
     free(c);
@@ -239,6 +270,7 @@ static const struct ra_comm_ops nccl_ops = {
     .peer_failed = nc_peer_failed,
     .still_active = nc_still_active,
     .beat = nc_beat,
+    .check_stream = nc_check_stream,
     .destroy = nc_destroy,
 };
 
@@ -276,6 +308,8 @@ ringattn_status_t ra__comm_create_nccl(const char *fn, ncclComm_t nc, int owned,
     }
     *c = (struct ringattn_comm){.ops = &nccl_ops, .rank = rank, .size = size, .impl = n,
                                 .on_device = 1, .device = device};
+    _Atomic int *count = device_count(device);
+    if (count) atomic_fetch_add(count, 1);
     *out = c;
     return RINGATTN_SUCCESS;
 }

@@ -25,6 +25,7 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
              "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
     RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    if (plan->comm) RA_TRY(ra__comm_check_stream(plan->comm, fn, stream));
     plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
     if ((plan->comm || t->key_bias || plan->cache) && plan->be->device_ops) {
         /* a capture records work without running it, and a ring call's agreements, like a key
@@ -176,7 +177,7 @@ static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const r
     if (plan->comm) {
         ra__comm_beacon_detach(plan->comm, &plan->stream);
         st = ra__comm_conclude(plan->comm, fn, st);
-        if (st == RINGATTN_ERR_COMM && plan->comm->active) plan->pinned = 1;
+        if (st == RINGATTN_ERR_COMM && plan->comm->ops->still_active(plan->comm)) plan->pinned = 1;
     }
     if (st == RINGATTN_SUCCESS) ra__clear_error();
     return st;

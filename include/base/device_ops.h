@@ -26,13 +26,15 @@ typedef struct ra_device_ops {
     ringattn_status_t (*copy_async)(void *dst, const void *src, size_t bytes, void *stream);
     /* *done = 1 once the event's latest record has run; never waits. */
     ringattn_status_t (*event_query)(void *event, int *done);
-    /* Device memory, and host memory to and from it (control-plane values): from_host returns
-       once the host bytes are read, to_host once they are written. */
+    /* Device memory, and host memory to and from it (control-plane values), ordered on stream:
+       from_host returns once the host bytes are read, to_host once they are written (it waits
+       for the stream: a transport's own, never the legacy default stream, which would wait
+       for every blocking stream of the device, the caller's queued work among them). */
     ringattn_status_t (*alloc)(size_t bytes, void **ptr);
     void (*free)(void *ptr);
     ringattn_status_t (*zero)(void *dst, size_t bytes, void *stream);
     ringattn_status_t (*copy_from_host)(void *dst, const void *host, size_t bytes, void *stream);
-    ringattn_status_t (*copy_to_host)(void *host, const void *src, size_t bytes);
+    ringattn_status_t (*copy_to_host)(void *host, const void *src, size_t bytes, void *stream);
     /* *capturing = 1 while stream is capturing a graph (its work recorded, not run). */
     ringattn_status_t (*stream_capturing)(void *stream, int *capturing);
 } ra_device_ops;

@@ -289,9 +289,11 @@ ringattn_status_t event_query(void *event, int *done)
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes)
+ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes, void *stream)
 {
-    RA_CUDA_TRY(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    RA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream),
+                "cudaMemcpyAsync (device to host)");
+    RA_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
     return RINGATTN_SUCCESS;
 }
 

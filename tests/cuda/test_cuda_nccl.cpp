@@ -271,6 +271,26 @@ TEST_CASE("NCCL ring: a rank that leaves the call fails every other rank within 
     INFO("seconds: " << secs);
 }
 
+// Issue 28, finding 3: with every rank of the process on the one legacy stream of the device,
+// a rank's exchange queued behind a peer's wait for it deadlocked until the deadline, and a
+// rank could succeed on data its aborted peers never sent while they failed. Refused up front.
+TEST_CASE("NCCL ring: ranks of one device on the legacy default stream are refused on every rank",
+          "[cuda][nccl][faults]")
+{
+    if (!have_nccl()) return;
+    RunOptions opt = over_nccl();
+    opt.default_stream = true;
+    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 242);
+    for (int P : {3, 4}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Result r = ringtest::run(pb, P, RINGATTN_LAYOUT_ZIGZAG, opt);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        INFO("P " << P << ", seconds " << secs);
+        for (int rank = 0; rank < P; ++rank) CHECK(r.rank_status[(size_t)rank] == RINGATTN_ERR_UNSUPPORTED);
+        CHECK(secs < 5.0); // refused before anything waits
+    }
+}
+
 TEST_CASE("NCCL ring: a rank that withholds its sends fails every rank within the deadline", "[cuda][nccl][faults]")
 {
     if (!have_nccl()) return;

@@ -146,6 +146,16 @@ TEST_CASE("CUDA ring: SPEC 10 cases 11 and 12, lossy rows recomputed across the 
     }
 }
 
+// The device-copy transport matches each copy on the host before the device waits for it, so
+// ranks sharing the legacy default stream are only serialised, never deadlocked (issue 28).
+TEST_CASE("CUDA ring: every rank on the legacy default stream", "[cuda][ring]")
+{
+    ringtest::RunOptions opt;
+    opt.default_stream = true;
+    ringtest::check_every_layout(ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 243),
+                                 {2, 3, 4}, opt);
+}
+
 TEST_CASE("CUDA ring: bitwise repeatable under other schedules and stream drain orders", "[cuda][ring]")
 {
     // schedule 0: fibers round robin, streams drained in order; 1: both random; 2: reversed.

@@ -121,7 +121,7 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     // each rank's calls on a stream of their own (a device backend): the ring's order between
     // them is the transport's events alone
     ratest::DeviceMemory &mem = ratest::device_memory();
-    void *stream = mem.stream_create();
+    void *stream = opt.default_stream ? nullptr : mem.stream_create();
     if (opt.edit_first_call) {
         ringattn_tensors_t edited = t;
         opt.edit_first_call(rank, edited);

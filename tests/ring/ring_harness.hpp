@@ -36,6 +36,9 @@ struct RunOptions {
     // captures a CUDA graph (relaxed mode), records the status in Result.edited_status[rank],
     // ends the capture and then runs as usual.
     bool capture_first_call = false;
+    // A device backend: every rank's calls on the legacy default stream (stream NULL), one for
+    // all ranks of the device, instead of a stream of its own.
+    bool default_stream = false;
 };
 
 // Outputs in global order, as float (converted from the dtype); dbias [H_b, T], empty when the

@@ -4,7 +4,10 @@
 // non-blocking initialisation, asynchronous errors and abort. Every operation is a gated stream
 // operation (fake_runtime.h: enqueue_gated): it runs when what it waits for has run on the other
 // rank's stream, so a drain waits for other ranks as a GPU would, and a message nobody sends
-// blocks its stream until the communicator is aborted.
+// blocks its stream until the communicator is aborted. An aborted rank's queued operations run
+// as no-ops: they contribute and deliver nothing. Its peers' ncclCommGetAsyncError reports
+// ncclRemoteError from then on, as NCCL's network transports report a peer whose connections
+// closed (within one node real NCCL reports nothing: the peers find out at their deadlines).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -51,6 +54,7 @@ struct PairLog {
 
 struct Clique {
     int nranks = 0, joined = 0;
+    bool broken = false; // a rank aborted: the others see ncclRemoteError
     std::map<std::pair<int, int>, PairLog> pairs;
     std::map<unsigned long, std::shared_ptr<Coll>> colls;
 };
@@ -160,9 +164,10 @@ void emit(std::vector<Pending> &ops)
         }
         const void *src = p.in;
         const size_t bytes = p.count * p.elem;
-        ra_emu::enqueue_gated(p.stream, [] { return true; }, [m, src, bytes] {
+        const auto st = p.st;
+        ra_emu::enqueue_gated(p.stream, [] { return true; }, [m, st, src, bytes] {
             std::lock_guard<std::mutex> lk(nmu);
-            m->src = src, m->bytes = bytes, m->sent = true;
+            if (!st->aborted.load()) m->src = src, m->bytes = bytes, m->sent = true;
         });
         sent.push_back({p.stream, m, p.st});
     }
@@ -196,6 +201,7 @@ void emit(std::vector<Pending> &ops)
             const Pending q = p;
             ra_emu::enqueue_gated(p.stream, [] { return true; }, [c, st, q] {
                 std::lock_guard<std::mutex> lk(nmu);
+                if (st->aborted.load()) return;
                 const auto *in = static_cast<const unsigned char *>(q.in);
                 c->parts[(size_t)st->rank].assign(in, in + q.count * q.elem);
                 ++c->arrived;
@@ -297,17 +303,22 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
     if (!comm || !err) return fail(ncclInvalidArgument, "NULL argument");
     std::lock_guard<std::mutex> lk(nmu);
     const Clique &cl = *comm->st->clique;
-    *err = comm->st->aborted.load() ? ncclRemoteError
-           : cl.joined < cl.nranks  ? ncclInProgress
-                                    : ncclSuccess;
+    *err = comm->st->aborted.load() || cl.broken ? ncclRemoteError
+           : cl.joined < cl.nranks                ? ncclInProgress
+                                                  : ncclSuccess;
     return ncclSuccess;
 }
 
-// Queued operations of an aborted communicator still run, as no-ops: nothing waits on it.
+// Queued operations of an aborted communicator still run, as no-ops: nothing waits on it, and
+// its peers hear of it (ncclCommGetAsyncError).
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm) return ncclSuccess;
-    comm->st->aborted.store(true);
+    {
+        std::lock_guard<std::mutex> lk(nmu);
+        comm->st->aborted.store(true);
+        comm->st->clique->broken = true;
+    }
     delete comm;
     return ncclSuccess;
 }
