@@ -21,11 +21,31 @@ RA_HD void ra__state_init(float *m, float *l, float *acc, int dv)
     for (int c = 0; c < dv; ++c) acc[c] = 0.0f;
 }
 
-/* Max over a block of logits; -inf for an empty or fully masked block. */
+/*
+ * The larger of a and b, NaN when either is NaN. SPEC 9: NaN in an input propagates to the
+ * rows it touches. A plain `a > b ? a : b` never picks a NaN: a query row of NaN (every logit
+ * NaN) would keep the max at -inf and come out as an empty row, O = 0 and LSE = -inf.
+ */
+RA_HD float ra__max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
+/* Max over a block of logits; -inf for an empty or fully masked block, NaN if one is NaN. */
 RA_HD float ra__block_max(const float *s, int n)
 {
     float mb = -INFINITY;
-    for (int j = 0; j < n; ++j) mb = s[j] > mb ? s[j] : mb;
+    for (int j = 0; j < n; ++j) mb = ra__max_nan(s[j], mb);
+    return mb;
+}
+
+/*
+ * A block max mb taken without regard to NaN (a vectorised max reduction) is -inf also for a
+ * block of NaN logits: then the block's NaN, so that the row comes out NaN, never empty (SPEC
+ * 9). Only blocks that look empty are scanned.
+ */
+RA_HD float ra__block_max_or_nan(const float *s, int n, float mb)
+{
+    if (mb != -INFINITY) return mb; /* finite: a NaN logit beside it makes its p NaN anyway */
+    for (int j = 0; j < n; ++j)
+        if (s[j] != s[j]) return s[j];
     return mb;
 }
 

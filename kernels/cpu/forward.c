@@ -25,6 +25,7 @@ RA_CPU_CLONES static void softmax_tile(float *s, int nq, int nk, float *m, float
         float mb = -INFINITY, alpha, sum = 0.0f;
 #pragma omp simd reduction(max : mb)
         for (int j = 0; j < nk; ++j) mb = row[j] > mb ? row[j] : mb;
+        mb = ra__block_max_or_nan(row, nk, mb);
         if (!ra__state_rescale(&m[i], mb, &alpha)) {
             for (int j = 0; j < nk; ++j) row[j] = 0.0f;
             continue;

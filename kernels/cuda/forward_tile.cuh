@@ -186,10 +186,10 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                     const int64_t pj = kseg.span.pos + (int64_t)kj * kseg.span.stride;
                     x = kt.full ? logit<false>(a, rc[r], x, true, pj, kseg.row + kj)
                                 : logit<true>(a, rc[r], x, kj < lk, pj, kseg.row + kj);
-                    mb = x > mb ? x : mb;
+                    mb = ra__max_nan(x, mb); // SPEC 9: a NaN row stays NaN
                 }
-            mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-            mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+            mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+            mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
             float alpha = 1.0f;
             const int any = ra__state_rescale(&m[r], mb, &alpha);
             float sum = 0.0f;
