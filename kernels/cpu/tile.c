@@ -38,10 +38,11 @@ RA_CPU_CLONES void ra__tile_store(const ra_view *v, ringattn_dtype_t dt, int acc
 ra_qtile ra__qtile(const ra_kernel_params *p, const float *q, int64_t ldq, int nq,
                    int scale_first, float *buf)
 {
-    if (!scale_first) return (ra_qtile){q, ldq, p->scale, 1};
+    const float scale = ra__logit_scale(p);
+    if (!scale_first) return (ra_qtile){q, ldq, scale, 1};
     const int D = p->head_dim;
     for (int i = 0; i < nq; ++i)
-        for (int c = 0; c < D; ++c) buf[(size_t)i * D + c] = p->scale * q[(size_t)i * ldq + c];
+        for (int c = 0; c < D; ++c) buf[(size_t)i * D + c] = scale * q[(size_t)i * ldq + c];
     return (ra_qtile){buf, D, 1.0f, 0};
 }
 
@@ -51,12 +52,12 @@ static inline int64_t clamp_i32(int64_t v)
     return v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v);
 }
 
-/* SPEC 2: z = softcap * tanh(z / softcap); the tanh values are the backward's derivative. */
+/* SPEC 2: z = softcap * tanh(z'), z' = q . k scale / softcap as the product gave it (the scale
+   ra__logit_scale); the tanh values are the backward's derivative. */
 static void softcap_row(float *s, float *t, int n, float cap)
 {
-    const float inv = 1.0f / cap;
     for (int j = 0; j < n; ++j) {
-        const float th = tanhf(s[j] * inv);
+        const float th = tanhf(s[j]);
         if (t) t[j] = th;
         s[j] = cap * th;
     }

@@ -199,7 +199,7 @@ ra_fwd_tile_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, cons
     a.d = p->head_dim, a.dv = p->head_dim_v;
     a.window = p->window;
     a.scale = p->scale, a.softcap = p->softcap;
-    a.inv_softcap = p->softcap > 0.0f ? 1.0f / p->softcap : 0.0f;
+    a.softcap_scale = ra__logit_scale(p);
     a.alibi = ws->alibi;
     a.bias = dyn->bias, a.bias_ld = dyn->ld, a.bias_heads = p->bias_heads;
     a.thr_b = dyn->thr_b, a.thr_p = dyn->thr_p;

@@ -105,8 +105,7 @@ __device__ __forceinline__ pair_grad grads(const ra_bwd_args &a, const brow &r, 
     const float ds = p * (dp - r.d);
     float dz = ds;
     if (a.f.softcap > 0.0f) {
-        const float zs = r.rc.qshift ? ldexpf(z * a.f.scale, r.rc.qshift) : z * a.f.scale;
-        const float t = tanhf(zs * a.f.inv_softcap);
+        const float t = tanhf(ra_fwd::scaled(a.f, r.rc.qshift, z));
         dz = ds * (1.0f - t * t);
     }
     return pair_grad{p, ds, dz};

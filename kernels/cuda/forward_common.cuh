@@ -34,7 +34,10 @@ struct ra_fwd_tile_args {
     // one step only (first and last): the blocks of a row would race on its state.
     int d, dv;
     ra_window window;          // SPEC 3, causal folded in
-    float scale, softcap, inv_softcap; // softcap 0: off
+    // softcap 0: off; else softcap_scale = scale / softcap, the factor of the raw product inside
+    // the tanh (SPEC 9: folded before it, so that nothing overflows where z scale / softcap,
+    // the tanh's argument, does not)
+    float scale, softcap, softcap_scale;
     const float *alibi;        // [H] device memory, or NULL
     // SPEC 6 key bias of the held shard, [bias_heads, bias_ld] (its local key rows), or NULL;
     // query head h reads bias head h / (H / bias_heads). With thr_b, the top-k thresholds of
@@ -90,6 +93,14 @@ __device__ __forceinline__ row_ctx make_row(const ra_fwd_tile_args &a, int h, in
     return r;
 }
 
+// SPEC 2 and 9: raw product z (of Q shifted by 2^-qshift) times the scale, or with a softcap the
+// tanh's argument z scale / softcap.
+__device__ __forceinline__ float scaled(const ra_fwd_tile_args &a, int qshift, float z)
+{
+    z *= a.softcap > 0.0f ? a.softcap_scale : a.scale;
+    return qshift ? ldexpf(z, qshift) : z;
+}
+
 // SPEC 2, 3 and 6: the logit of raw product z for the key at position pj (local key row kr),
 // or -inf where the mask forbids the pair (masked tiles only: a FULL tile allows every pair).
 // Softcap and ALiBi on the scaled product, the bias added last and not scaled; a -inf bias, or
@@ -100,8 +111,8 @@ __device__ __forceinline__ float logit(const ra_fwd_tile_args &a, const row_ctx 
 {
     if (Masked && (!r.live || !key_in || !ra__allowed(a.window, r.delta, 0, r.pos, 0, pj)))
         return -INFINITY;
-    z = r.qshift ? ldexpf(z * a.scale, r.qshift) : z * a.scale;
-    if (a.softcap > 0.0f) z = a.softcap * tanhf(z * a.inv_softcap);
+    z = scaled(a, r.qshift, z);
+    if (a.softcap > 0.0f) z = a.softcap * tanhf(z);
     const int64_t diag = r.pos + r.delta;
     if (a.alibi) z -= r.slope * (float)(diag > pj ? diag - pj : pj - diag);
     if (r.bias) {

@@ -224,6 +224,20 @@ TEST_CASE("CUDA: SPEC 10 case 12, q and k of 1.5e19 with scale 0.01 (Q scaled fi
     }
 }
 
+TEST_CASE("CUDA: SPEC 10 case 12 with softcap 5, q and k of 1.5e19 at the default scale", "[cuda][spec]")
+{
+    uint64_t seed = seed_for("cuda case12 softcap", 0);
+    for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16}) {
+        std::mt19937_64 rng(++seed);
+        AttnConfig c = base(dt, {0, 40, 100}, 2, 1, 16);
+        c.softcap = 5.0f;
+        c.causal = true;
+        Problem pb(c, Storage::Packed, rng);
+        set_softcap_overflow_qk(pb, 1.5e19, rng);
+        CHECK(check_case(c, Storage::Packed, seed, 1.0, &pb));
+    }
+}
+
 TEST_CASE("CUDA: SPEC 10 case 10, dynamic masks: key bias and top-k", "[cuda][dynamic]")
 {
     uint64_t seed = seed_for("cuda dynamic", 0);

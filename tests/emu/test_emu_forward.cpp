@@ -123,7 +123,7 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             a.tq = (int)rows, a.heads = H, a.kv_heads = c.hkv(), a.d = D, a.dv = DV;
             a.window = ra_window{c.wl, c.eff_wr()};
             a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
-            a.inv_softcap = c.softcap > 0 ? 1.0f / c.softcap : 0.0f;
+            a.softcap_scale = c.softcap > 0 ? a.scale / c.softcap : 0.0f;
             a.alibi = slopes.empty() ? nullptr : slopes.data();
             a.bias = c.key_bias_heads ? bias.data() : nullptr;
             a.bias_ld = ks.rows, a.bias_heads = c.key_bias_heads;

@@ -163,6 +163,33 @@ inline void set_equal_logit_qk(Problem &pb, double x, std::mt19937_64 &rng)
         }
 }
 
+// SPEC 10 case 12 with a softcap (issue 28, finding 9): entries of Q and K of +-x whose products
+// partial sums overflow float32 when only the scale goes before the product, while the tanh's
+// argument, q . k scale / softcap, does not. Every query row is +-x in its first D - 1 columns
+// (one random sign per row), every key row +-x: its first (D - 1) / 2 columns of one random
+// sign, the next (D - 1) / 2 of the other, the last of a third: so q . k = +-x^2 (the last
+// column's product) after partial sums of (D - 1) / 2 x^2 of one sign. Column D - 1 is 0. At
+// x = 1.5e19, D = 16, scale 0.25 and softcap 5: 7 scaled terms of 5.6e37 overflow (3.9e38), and
+// the logits +-softcap come out as the first half's sign for half of the keys; with 1/softcap
+// folded into the scale the terms are 1.1e37 and every logit is exactly +-softcap (the tanh
+// saturates, in float32 and float64 alike).
+inline void set_softcap_overflow_qk(Problem &pb, double x, std::mt19937_64 &rng)
+{
+    const AttnConfig &c = pb.cfg;
+    const int half = (c.D - 1) / 2;
+    for (int64_t t = 0; t < c.Tq(); ++t) {
+        for (int h = 0; h < c.H; ++h) {
+            const double sq = rng() % 2 ? x : -x;
+            for (int cc = 0; cc < c.D; ++cc) pb.q.set(t, h, cc, cc < 2 * half + 1 ? sq : 0.0);
+        }
+        for (int h = 0; h < c.hkv(); ++h) {
+            const double first = rng() % 2 ? x : -x, last = rng() % 2 ? x : -x;
+            for (int cc = 0; cc < c.D; ++cc)
+                pb.k.set(t, h, cc, cc < half ? first : cc < 2 * half ? -first : cc == 2 * half ? last : 0.0);
+        }
+    }
+}
+
 inline Problem packed_problem(const AttnConfig &c, uint64_t seed, double sigma_bias = 1.0)
 {
     std::mt19937_64 rng(seed);
