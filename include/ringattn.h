@@ -171,7 +171,10 @@ typedef struct ringattn_plan_desc {
 /*
  * A [T, heads, dim] tensor: element (t, h, c) is at data[t * row_stride + h * head_stride + c]
  * counted in elements of the plan's dtype. Strides of 0 mean packed: head_stride = dim,
- * row_stride = heads * dim. The last element must lie within INT64_MAX bytes of the first
+ * row_stride = heads * dim. A stride of 0 is never a broadcast: a view that repeats one row or
+ * head (a stride of 0 over more than one element, as torch's expand or numpy's broadcast_to
+ * make) must be copied to memory of its own first, or the library reads beyond it. The Python
+ * package copies such inputs and refuses such outputs. The last element must lie within INT64_MAX bytes of the first
  * (else RINGATTN_ERR_INVALID_ARGUMENT), and row_stride (given or packed) is at most INT32_MAX
  * (else RINGATTN_ERR_UNSUPPORTED: BLAS takes int strides); head_stride may be larger.
  */

@@ -100,3 +100,22 @@ def test_closed_objects_are_refused():
     plan.close()  # idempotent
     with pytest.raises(ringattn.UsageError, match="closed"):
         plan.forward(*(np.zeros((4, 1, 4), np.float32) for _ in range(3)))
+
+
+def test_numpy_broadcast_views():
+    """A stride of 0 is packed in the C API: broadcast inputs are copied, broadcast outputs refused."""
+    rng = np.random.default_rng(28)
+    plan = ringattn.Plan([0, 30], 4, 16, num_kv_heads=2, causal=True)
+    q = np.broadcast_to(rng.standard_normal((1, 4, 16), dtype=np.float32), (30, 4, 16))
+    k = np.broadcast_to(rng.standard_normal((30, 1, 16), dtype=np.float32), (30, 2, 16))
+    v = rng.standard_normal((30, 2, 16), dtype=np.float32)
+    out, lse = plan.forward(q, k, v)
+    ref_out, ref_lse = plan.forward(q.copy(), k.copy(), v)
+    assert np.array_equal(out, ref_out) and np.array_equal(lse, ref_lse)
+    dout = np.broadcast_to(np.ones((30, 1, 16), dtype=np.float32), (30, 4, 16))
+    got = plan.backward(q, k, v, out, lse, dout)
+    want = plan.backward(q.copy(), k.copy(), v, out, lse, dout.copy())
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+    with pytest.raises(ringattn.InvalidArgumentError, match="broadcast view"):
+        plan._tensor("o", np.broadcast_to(out[:1], out.shape))

@@ -194,3 +194,26 @@ def test_library_errors_carry_status_and_message():
     with pytest.raises(ringattn.InvalidArgumentError) as e:
         ringattn.Plan([0, 16], 2, 8, window=(-5, -1))
     assert e.value.status == 1 and "window" in e.value.message
+
+
+def test_broadcast_views_are_read_as_what_they_show():
+    """Issue 28, finding 4: the C API reads a stride of 0 as packed; expand() views (and the
+    stride-0 gradient of a sum) must be copied by the binding, never read past their buffer."""
+    cu = [0, 24, 40]
+    T, H, Hkv, D = 40, 4, 2, 16
+    gen = torch.Generator().manual_seed(28)
+    q = torch.randn(1, H, D, generator=gen).expand(T, H, D)
+    k = torch.randn(T, 1, D, generator=gen).expand(T, Hkv, D)
+    v = torch.randn(T, Hkv, D, generator=gen)
+    assert q.stride(0) == 0 and k.stride(1) == 0
+    out, lse = rt.attention(q, k, v, cu, causal=True)
+    ref_out, ref_lse = rt.attention(q.contiguous(), k.contiguous(), v, cu, causal=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    # the loss of out.sum(1) hands the backward a dO of stride 0 over the heads
+    leaves = [x.contiguous().requires_grad_() for x in (q, k, v)]
+    o, lse = rt.attention(*leaves, cu, causal=True)
+    o.sum(1).square().sum().backward()
+    dout = (2 * o.detach().sum(1, keepdim=True)).expand(T, H, D).contiguous()
+    got = (o.detach(), lse, dict(zip(("dq", "dk", "dv"), (x.grad for x in leaves))))
+    dense = [x.detach() for x in leaves]
+    assert_within(*judge(*dense, None, dout, cu, {"causal": True}, got), "a stride-0 dO")

@@ -215,6 +215,9 @@ class Plan(_Handle):
 
     def _tensor(self, name, arr):
         arr = self._array(name, arr)
+        if _broadcast(arr):  # outputs only: the inputs went through _readable
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s is a broadcast view "
+                                         "(a stride of 0): it cannot be written" % name)
         step = arr.itemsize
         if any(s % step for s in arr.strides):
             raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: %s's strides are not "
@@ -229,6 +232,7 @@ class Plan(_Handle):
 
     def forward(self, q, k, v, key_bias=None):
         """O [T, H, D_v] and LSE [H, T] float32 of this rank's queries."""
+        q, k, v = _readable(q), _readable(k), _readable(v)
         t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v))
         if key_bias is not None:
             t.key_bias = self._f32("key_bias", key_bias)
@@ -243,6 +247,7 @@ class Plan(_Handle):
 
     def backward(self, q, k, v, out, lse, dout, key_bias=None, want_dbias=False):
         """dQ, dK, dV (and dbias when asked for) from the forward's O and LSE (SPEC 7)."""
+        q, k, v, out, dout = (_readable(x) for x in (q, k, v, out, dout))
         t = C.Tensors(q=self._tensor("q", q), k=self._tensor("k", k), v=self._tensor("v", v),
                       o=self._tensor("o", out), dout=self._tensor("dout", dout))
         t.lse = self._f32("lse", lse)
@@ -281,6 +286,17 @@ class Plan(_Handle):
         C.call("ringattn_plan_gather", self.handle, dtype_code, heads, dim, _flat_tensor(loc),
                _flat_tensor(out))
         return out
+
+
+def _broadcast(arr):
+    return isinstance(arr, np.ndarray) and any(
+        st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape))
+
+
+def _readable(arr):
+    """arr as the C API reads it: there a stride of 0 means packed, never a broadcast, so a
+    view that repeats rows or heads (np.broadcast_to) is copied first."""
+    return np.ascontiguousarray(arr) if _broadcast(arr) else arr
 
 
 def _describe(arr):

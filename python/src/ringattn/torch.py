@@ -155,6 +155,14 @@ def _t(x):
     return C.Tensor(x.data_ptr(), x.stride(0), x.stride(1))
 
 
+def _readable(t):
+    """t as the C API reads it: there a stride of 0 means packed, never a broadcast, so a view
+    that repeats rows or heads (expand, or autograd's gradient of a sum) is copied first."""
+    if any(t.stride(i) == 0 and t.shape[i] > 1 for i in range(t.dim())):
+        return t.contiguous()
+    return t
+
+
 def _stream(t):
     return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else None
 
@@ -167,6 +175,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
              comm_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
     plan = _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
                      window_left, window_right, softcap, scale, keep_k, layout, comm_id)
+    q, k, v = _readable(q), _readable(k), _readable(v)
     out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     t = C.Tensors(q=_t(q), k=_t(k), v=_t(v), o=_t(out), lse=lse.data_ptr())
@@ -195,6 +204,7 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                      window_left, window_right, softcap, scale, keep_k, layout, comm_id)
     if dout.shape[2] > 1 and dout.stride(2) != 1:
         dout = dout.contiguous()  # autograd's gradients may come in any layout
+    q, k, v, out, dout = (_readable(x) for x in (q, k, v, out, dout))
     lse = lse.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     t = C.Tensors(q=_t(q), k=_t(k), v=_t(v), o=_t(out), lse=lse.data_ptr(), dout=_t(dout),
