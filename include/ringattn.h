@@ -173,10 +173,11 @@ typedef struct ringattn_plan_desc {
  * counted in elements of the plan's dtype. Strides of 0 mean packed: head_stride = dim,
  * row_stride = heads * dim. A stride of 0 is never a broadcast: a view that repeats one row or
  * head (a stride of 0 over more than one element, as torch's expand or numpy's broadcast_to
- * make) must be copied to memory of its own first, or the library reads beyond it. The Python
- * package copies such inputs and refuses such outputs. The last element must lie within INT64_MAX bytes of the first
- * (else RINGATTN_ERR_INVALID_ARGUMENT), and row_stride (given or packed) is at most INT32_MAX
- * (else RINGATTN_ERR_UNSUPPORTED: BLAS takes int strides); head_stride may be larger.
+ * make) must be copied to memory of its own first, or the library reads beyond it; the Python
+ * package copies such inputs and refuses such outputs. The last element must lie within
+ * INT64_MAX bytes of the first (else RINGATTN_ERR_INVALID_ARGUMENT), and row_stride (given or
+ * packed) is at most INT32_MAX (else RINGATTN_ERR_UNSUPPORTED: BLAS takes int strides);
+ * head_stride may be larger.
  */
 typedef struct ringattn_tensor {
     void *data;
@@ -284,8 +285,9 @@ RINGATTN_API ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, in
                                                         int32_t *global_index);
 /*
  * What a plan will do on this rank and what it holds: its schedule, traffic, tiles and memory
- * (also logged at RINGATTN_LOG=info). The memory is all made at plan creation; calls allocate
- * nothing.
+ * (also logged at RINGATTN_LOG=info). The memory is made at plan creation, but for the CPU
+ * backend's backward slots (ranges x key rows x H_kv x (D + D_v) float32, ranges at most 8),
+ * which the plan's first ringattn_backward makes and keeps; other calls allocate nothing.
  */
 typedef struct ringattn_plan_info {
     size_t struct_size;           /* set by RINGATTN_PLAN_INFO_INIT */

@@ -62,6 +62,10 @@ struct ra_backend {
     ringattn_status_t (*workspace_create)(const ra_kernel_params *prm, struct ra_workspace **ws,
                                           size_t *bytes);
     void (*workspace_destroy)(struct ra_workspace *ws);
+    /* Optional: what the workspace needs for backward calls, made by the plan's first one
+       (*bytes: what that added to the workspace); NULL where workspace_create made it all. */
+    ringattn_status_t (*backward_workspace)(const ra_kernel_params *prm, struct ra_workspace *ws,
+                                            size_t *bytes);
 
     /* A call's tensor argument the kernels cannot take, refused before anything runs: memory
        of another kind or device, or (v non-NULL: Q, K, V) a base or stride the kernels cannot

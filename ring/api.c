@@ -135,6 +135,23 @@ static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *
     return RINGATTN_SUCCESS;
 }
 
+/* The backend's memory for backward calls, at the first one: before the call's agreement, so
+   that a rank without the memory refuses the call on every rank and nothing moves. */
+static ringattn_status_t backward_workspace(const char *fn, struct ringattn_plan *plan)
+{
+    if (!plan->be->backward_workspace) return RINGATTN_SUCCESS;
+    size_t added = 0;
+    const int previous = ra__device_enter(plan);
+    const ringattn_status_t st = plan->be->backward_workspace(&plan->kp, plan->ws, &added);
+    ra__device_leave(plan, previous);
+    plan->ws_bytes += added;
+    if (added)
+        ra__log(RA_LOG_INFO, RA_SUB_PLAN, plan->rank, plan->ranks,
+                "%s: the backward's workspace, made at the plan's first backward: %zu bytes "
+                "(workspace now %zu)", fn, added, plan->ws_bytes);
+    return st;
+}
+
 /* Both passes: a live plan (without one there is no ring to agree over), then every rank's
    checks and facts agreed before anything moves. */
 static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
@@ -158,6 +175,7 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
                       plan->be->name);
     if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
     if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, &c->a);
+    if (st == RINGATTN_SUCCESS && backward) st = backward_workspace(fn, plan);
     return ra__call_agree(plan, fn, st, backward, c);
 }
 

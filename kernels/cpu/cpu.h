@@ -52,8 +52,12 @@ struct ra_workspace {
     /* the backward prologue (SPEC 7, 9): D_i of every local query row and the shift and scale
        of its probabilities, [H, rows] each */
     float *drow, *pshift, *pscale;
-    /* the backward's partial dK, dV, dBias slots (kernels/cpu/backward.h: ra_bwd_parts) */
+    /* the backward's partial dK, dV, dBias slots (kernels/cpu/backward.h: ra_bwd_parts), of
+       bwd_floats floats: made by the first backward (ra__cpu_backward_workspace), since they
+       are ranges x key rows x H_kv x (D + D_v), most of the workspace, and a plan that only
+       runs forward calls would hold them for nothing */
     float *bwd_dk, *bwd_dv, *bwd_db;
+    size_t bwd_floats, bwd_dk_floats, bwd_dv_floats;
     int bwd_ranges, bwd_db_rows;
     void *slab;
 };
@@ -62,6 +66,10 @@ struct ra_workspace {
 ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
                                            size_t *bytes);
 void ra__cpu_workspace_destroy(struct ra_workspace *ws);
+/* The backward's slots, made at the plan's first backward call and kept (*bytes: what that
+   added, 0 after); RINGATTN_ERR_OUT_OF_MEMORY, nothing changed, when there is no memory. */
+ringattn_status_t ra__cpu_backward_workspace(const ra_kernel_params *p, struct ra_workspace *ws,
+                                             size_t *bytes);
 /* Threads of this call: the plan's num_threads or OpenMP's default, at most the workspace's. */
 int ra__cpu_threads(const ra_kernel_params *p, const struct ra_workspace *ws);
 

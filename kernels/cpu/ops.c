@@ -31,6 +31,7 @@ const struct ra_backend ra__cpu_backend = {
     .set_device = NULL,   /* no device */
     .workspace_create = cpu_workspace_create,
     .workspace_destroy = ra__cpu_workspace_destroy,
+    .backward_workspace = ra__cpu_backward_workspace,
     .alloc = ra__cpu_alloc,
     .free = ra__cpu_free,
     .zero = ra__cpu_zero,

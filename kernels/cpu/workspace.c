@@ -1,8 +1,9 @@
 /*
- * The CPU backend's workspace, made at plan creation and kept by the plan (no allocation in a
- * call): O(threads x tile) floats, the tile index of each sequence, the backward
- * prologue's three values per local query row and head (as many as the LSE each), and the
- * backward's partial dK, dV, dBias slots (backward.h).
+ * The CPU backend's workspace, made at plan creation and kept by the plan: O(threads x tile)
+ * floats, the tile index of each sequence, the backward prologue's three values per local
+ * query row and head (as many as the LSE each); and the backward's partial dK, dV, dBias slots
+ * (backward.h), made by the plan's first backward call (issue 28: at T = 32K they were 130 MiB
+ * of a forward-only plan).
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -163,23 +164,39 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     ws->pshift = malloc(rows * sizeof(float));
     ws->pscale = malloc(rows * sizeof(float));
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
-    ws->bwd_dk = malloc(slots * sizeof(float));
+    ws->bwd_floats = slots, ws->bwd_dk_floats = n_dk, ws->bwd_dv_floats = n_dv;
     if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->pshift ||
-        !ws->pscale || !ws->slab || !ws->bwd_dk) {
+        !ws->pscale || !ws->slab) {
         ra__cpu_workspace_destroy(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
                         "ringattn: out of memory (workspace of %zu bytes)",
-                        (per * threads + slots) * sizeof(float));
+                        per * threads * sizeof(float));
     }
-    ws->bwd_dv = ws->bwd_dk + n_dk;
-    ws->bwd_db = ws->bwd_dv + n_dv;
     for (int t = 0; t < threads; ++t) {
         ra_thread_ws *w = &ws->per_thread[t];
         carve(w, (float *)ws->slab + per * t, p, bf16, f32);
         w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
     }
-    *bytes = sizeof *ws + (per * threads + slots) * sizeof(float) + 3 * rows * sizeof(float) +
+    *bytes = sizeof *ws + per * threads * sizeof(float) + 3 * rows * sizeof(float) +
              2 * ((size_t)max_segs + 1) * sizeof(int64_t) + threads * sizeof *ws->per_thread;
     *out = ws;
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__cpu_backward_workspace(const ra_kernel_params *p, struct ra_workspace *ws,
+                                             size_t *bytes)
+{
+    (void)p;
+    *bytes = 0;
+    if (ws->bwd_dk) return RINGATTN_SUCCESS;
+    float *slots = malloc(ws->bwd_floats * sizeof(float));
+    RA_CHECK(slots != NULL, RINGATTN_ERR_OUT_OF_MEMORY,
+             "ringattn_backward: out of memory (the backward's dK/dV slots, %zu bytes, made by "
+             "a plan's first backward)",
+             ws->bwd_floats * sizeof(float));
+    ws->bwd_dk = slots;
+    ws->bwd_dv = slots + ws->bwd_dk_floats;
+    ws->bwd_db = ws->bwd_dv + ws->bwd_dv_floats;
+    *bytes = ws->bwd_floats * sizeof(float);
     return RINGATTN_SUCCESS;
 }
