@@ -22,6 +22,12 @@ namespace {
 
 constexpr int RANKS = 4;
 
+void check_ok_outcome(const Outcome &o)
+{
+    INFO(o.what << ": " << o.message);
+    CHECK(o.status == RINGATTN_SUCCESS);
+}
+
 // How a transport's comms are made: all at once (threads) or each by its rank's thread.
 struct Transport {
     std::string name;
@@ -164,6 +170,42 @@ TEST_CASE("plan_create out of memory on one rank after the agreement fails on ev
                                  CHECK(o[0].seconds < SLACK);
                                  INFO(o[1].message);
                                  CHECK(o[1].status == RINGATTN_SUCCESS); // the comm still works
+                             }};
+            const std::vector<Outcomes> outs = run_threads(tr, s);
+            for (int r = 0; r < RANKS; ++r) judge_rank(s, r, outs[(size_t)r]);
+        }
+    }
+}
+
+TEST_CASE("the first backward out of memory on one rank fails on every rank, then works",
+          "[faults][alloc]")
+{
+    if (!allocfault::available() || !ratest::device_memory().is_host()) {
+        WARN("skipped: needs libc's allocator (no ASan) and the CPU backend, whose backward "
+             "makes its slots at the first backward");
+        return;
+    }
+    setenv("RINGATTN_COMM_TIMEOUT", std::to_string(DEADLINE).c_str(), 1);
+    for (const Transport &tr : transports()) {
+        SECTION(tr.name)
+        {
+            // the slots of a rank's 64 key rows are 4 ranges x 64 x 2 heads x 32 floats (64
+            // KiB); the test's own buffers stay below 48 KiB
+            const Scenario s{"the backward's slots out of memory on rank 1",
+                             [](int rank, int, Rank &r) {
+                                 Outcomes o{r.forward(1)};
+                                 if (rank == 1) allocfault::arm(48 << 10);
+                                 o.push_back(r.backward(1));
+                                 allocfault::disarm();
+                                 o.push_back(r.backward(1));
+                                 return o;
+                             },
+                             [](int, const Outcomes &o) {
+                                 check_ok_outcome(o[0]);
+                                 INFO(o[1].message);
+                                 CHECK(o[1].status == RINGATTN_ERR_OUT_OF_MEMORY);
+                                 CHECK(o[1].seconds < SLACK);
+                                 check_ok_outcome(o[2]);
                              }};
             const std::vector<Outcomes> outs = run_threads(tr, s);
             for (int r = 0; r < RANKS; ++r) judge_rank(s, r, outs[(size_t)r]);
