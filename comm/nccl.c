@@ -27,6 +27,7 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "comm/nccl_comm.h"
+#include "comm/notice.h"
 
 /*
  * Ranks of this process's NCCL comms per device. Real NCCL refuses two ranks of one
@@ -53,6 +54,11 @@ typedef struct nccl_impl {
     void *gather;        /* device: the allgather's staging buffer, grown once to its largest */
     size_t gather_bytes;
     int aborted;
+    /* the failure notice beside NCCL (comm/notice.h): the ranks' addresses are gathered at the
+       comm's first agreement, the first collective every rank makes on it */
+    ra_notice *notice;
+    ra_notice_addr notice_self;
+    int notice_ready;
 } nccl_impl;
 
 /* What a failure message adds about the communicator: a borrowed one is the caller's to abort. */
@@ -88,7 +94,8 @@ static ringattn_status_t settle(ringattn_comm_t c, const char *what, ncclResult_
     return nccl_fail(c, what, r);
 }
 
-/* Polls event until it has run, the communicator reports an error, or the deadline. */
+/* Polls event until it has run, a peer's notice arrives, the communicator reports an error, or
+   the deadline. */
 static ringattn_status_t poll_event(ringattn_comm_t c, void *event, const char *what)
 {
     nccl_impl *n = c->impl;
@@ -97,6 +104,9 @@ static ringattn_status_t poll_event(ringattn_comm_t c, void *event, const char *
         int done = 0;
         RA_TRY(n->dev->event_query(event, &done));
         if (done) return RINGATTN_SUCCESS;
+        if (ra__notice_poll(n->notice, c->reason, sizeof c->reason))
+            return ra__fail(RINGATTN_ERR_COMM, "ringattn comm nccl: rank %d: %s: %s", c->rank,
+                            what, c->reason);
         ncclResult_t r = ncclSuccess;
         if (ncclCommGetAsyncError(n->nc, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
             return nccl_fail(c, what, r);
@@ -121,7 +131,9 @@ static ringattn_status_t reduce_to_host(ringattn_comm_t c, void *buf, size_t cou
     return n->dev->copy_to_host(host, buf, bytes, n->stream);
 }
 
-static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_vals, ra_reduce_op op)
+/* n_vals int64 values of every rank reduced in place on the control buffer. */
+static ringattn_status_t control_reduce(ringattn_comm_t c, int64_t *vals, int n_vals,
+                                        ra_reduce_op op)
 {
     nccl_impl *n = c->impl;
     RA_CHECK(n_vals >= 0 && n_vals <= RA_ALLREDUCE_MAX, RINGATTN_ERR_INTERNAL,
@@ -130,6 +142,42 @@ static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_va
     const ncclRedOp_t nop = op == RA_REDUCE_SUM ? ncclSum : op == RA_REDUCE_MIN ? ncclMin : ncclMax;
     RA_TRY(n->dev->copy_from_host(n->control, vals, bytes, n->stream));
     return reduce_to_host(c, n->control, (size_t)n_vals, ncclInt64, nop, "agreement", vals, bytes);
+}
+
+/*
+ * Every rank's notice address (comm/notice.h), once, before the comm's first agreement: sums
+ * over the control buffer, RECORDS ranks' records at a time, each rank's bits in its place and
+ * zeros elsewhere (x + 0 = x). No device memory is allocated or freed for it: with ranks that
+ * share a device (the fake NCCL's threads), a cudaFree waits for the peers' queued work.
+ */
+static ringattn_status_t notice_gather(ringattn_comm_t c)
+{
+    enum { RECORDS = RA_ALLREDUCE_MAX * sizeof(int64_t) / sizeof(ra_notice_addr) };
+    _Static_assert(sizeof(ra_notice_addr) % sizeof(int64_t) == 0, "whole int64 values");
+    nccl_impl *n = c->impl;
+    n->notice_ready = 1;
+    ra_notice_addr *all = calloc((size_t)c->size, sizeof *all);
+    RA_CHECK(all != NULL, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn comm nccl: out of memory");
+    ringattn_status_t st = RINGATTN_SUCCESS;
+    for (int first = 0; st == RINGATTN_SUCCESS && first < c->size; first += RECORDS) {
+        const int count = c->size - first < RECORDS ? c->size - first : RECORDS;
+        int64_t vals[RA_ALLREDUCE_MAX] = {0};
+        if (c->rank >= first && c->rank < first + count)
+            memcpy((char *)vals + (size_t)(c->rank - first) * sizeof *all, &n->notice_self,
+                   sizeof *all);
+        st = control_reduce(c, vals, (int)(count * sizeof *all / sizeof *vals), RA_REDUCE_SUM);
+        if (st == RINGATTN_SUCCESS) memcpy(all + first, vals, (size_t)count * sizeof *all);
+    }
+    if (st == RINGATTN_SUCCESS) ra__notice_connect(n->notice, all, c->size, c->rank);
+    free(all);
+    return st;
+}
+
+static ringattn_status_t nc_allreduce(ringattn_comm_t c, int64_t *vals, int n_vals, ra_reduce_op op)
+{
+    nccl_impl *n = c->impl;
+    if (!n->notice_ready) RA_TRY(notice_gather(c));
+    return control_reduce(c, vals, n_vals, op);
 }
 
 /* Every rank's bytes in one zeroed buffer at its place, summed as bytes: each place holds its
@@ -191,6 +239,7 @@ static ringattn_status_t nc_wait(ringattn_comm_t c, ra_exchange *x)
 static void nc_notify_failure(ringattn_comm_t c)
 {
     nccl_impl *n = c->impl;
+    ra__notice_send(n->notice, c->reason); /* within a node NCCL tells the peers nothing */
     if (n->owned && !n->aborted) { /* its peers' NCCL calls then fail too */
         ncclCommAbort(n->nc);
         n->aborted = 1;
@@ -200,6 +249,7 @@ static void nc_notify_failure(ringattn_comm_t c)
 static int nc_peer_failed(ringattn_comm_t c)
 {
     nccl_impl *n = c->impl;
+    if (ra__notice_poll(n->notice, c->reason, sizeof c->reason)) return 1;
     ncclResult_t r = ncclSuccess;
     if (n->aborted || ncclCommGetAsyncError(n->nc, &r) != ncclSuccess || r == ncclSuccess ||
         r == ncclInProgress)
@@ -244,6 +294,7 @@ static void impl_free(nccl_impl *n)
         if (n->stream) n->dev->stream_destroy(n->stream);
     }
     if (n->owned && n->nc && !n->aborted) ncclCommDestroy(n->nc);
+    ra__notice_close(n->notice);
     free(n);
 }
 
@@ -288,6 +339,7 @@ ringattn_status_t ra__comm_create_nccl(const char *fn, ncclComm_t nc, int owned,
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     *n = (nccl_impl){.nc = nc, .owned = owned, .dev = dev};
+    n->notice = ra__notice_open(&n->notice_self); /* NULL: no notices, the deadlines remain */
     const int previous = dev->set_device(device);
     ringattn_status_t st = previous >= 0 ? RINGATTN_SUCCESS
                                          : ra__fail(RINGATTN_ERR_CUDA, "%s: device %d: cannot make "

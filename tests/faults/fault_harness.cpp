@@ -231,7 +231,7 @@ Outcome create_big_plan(ringattn_comm_t comm, bool out_of_memory)
     ringattn_plan_t plan = nullptr;
     Outcome o;
     o.what = "plan_create(T " + std::to_string(BIG_T) + ")";
-    if (out_of_memory) allocfault::arm(1 << 20);
+    if (out_of_memory) allocfault::arm(512 << 10);
     const double t0 = now_s();
     o.status = ringattn_plan_create(comm, &d, &plan);
     o.seconds = now_s() - t0;

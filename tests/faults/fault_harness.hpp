@@ -51,12 +51,19 @@ class Rank {
     Outcome destroy_plan();
     ringattn_plan_t plan() const { return plan_; }
     ringattn_comm_t comm() const { return comm_; }
+    // Waits until every rank got here (the runner's barrier: threads, or MPI_Barrier).
+    void sync() const
+    {
+        if (sync_) sync_();
+    }
+    void set_sync(std::function<void()> f) { sync_ = std::move(f); }
 
   private:
     void load(uint64_t gen);
     ringattn_tensors_t bind();                     // the tensors in the backend's memory
     void download(std::initializer_list<int> outs); // of the outputs named by index in arrays_
     ringattn_comm_t comm_;
+    std::function<void()> sync_;
     ringattn_plan_t plan_ = nullptr;
     void *stream_ = nullptr; // a device backend's calls: a stream of this rank's own
     uint64_t forward_gen_ = 0;
@@ -82,11 +89,11 @@ class Worker {
     std::thread thread_;
 };
 
-// Issue 28, finding 6: a plan over BIG_T tokens made on comm, with this rank's allocations of 1
-// MiB or more failing when out_of_memory (support/alloc_fault.hpp): its buffers, after the
+// Issue 28, finding 6: a plan over BIG_T tokens made on comm, with this rank's allocations of
+// 512 KiB or more failing when out_of_memory (support/alloc_fault.hpp): its buffers, after the
 // agreement. The plan, if made, is destroyed; the outcome says whether one was handed out
 // (`wrong`: a plan came back from a failed call, or none from a successful one).
-constexpr int BIG_T = 1 << 17;
+constexpr int BIG_T = 1 << 15;
 Outcome create_big_plan(ringattn_comm_t comm, bool out_of_memory);
 
 // The outputs of the single-rank plan for a generation, global rows (cached, thread safe).

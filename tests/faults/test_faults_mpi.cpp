@@ -49,6 +49,7 @@ template <class Script> Outcomes on_fresh_comm(Script script)
     Outcomes outs;
     {
         Rank rank(comm);
+        rank.set_sync([] { MPI_Barrier(MPI_COMM_WORLD); });
         const Outcome made = rank.create();
         INFO(made.message);
         REQUIRE(made.status == RINGATTN_SUCCESS);
@@ -117,7 +118,10 @@ TEST_CASE("faults over MPI: plan_create out of memory on one rank after the agre
     }
     const int rank = world_rank();
     const Outcomes outs = on_fresh_comm([&](Rank &r) {
-        return Outcomes{create_big_plan(r.comm(), rank == 1), r.forward(1)};
+        Outcomes o{create_big_plan(r.comm(), rank == 1)};
+        r.sync();
+        o.push_back(r.forward(1));
+        return o;
     });
     INFO(describe(outs));
     CHECK(outs[0].status == RINGATTN_ERR_OUT_OF_MEMORY);

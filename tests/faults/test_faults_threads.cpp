@@ -1,10 +1,14 @@
 // The fault scenarios (scenarios.hpp) over the transports of ranks as threads of this process:
 // 4 ranks, RINGATTN_COMM_TIMEOUT = DEADLINE. On the CPU backend the threads transport and a
 // custom one (the tests' mailbox, ring/mailbox_transport.hpp); on a device backend the
-// device-copy threads transport and NCCL (the emulated library's fake). Each scenario gets
-// fresh comms, and its ranks' outcomes are judged after all threads have returned (none may
-// hang: ctest's timeout).
+// device-copy threads transport and NCCL (the emulated library's fake): ringattn's own
+// communicators, the same with NCCL's network transports' remote errors, and borrowed ones,
+// which ringattn never aborts (their peers learn of a failure from its notice alone). Each
+// scenario gets fresh comms, and its ranks' outcomes are judged after all threads have
+// returned (none may hang: ctest's timeout).
 #include <catch2/catch.hpp>
+
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <functional>
@@ -22,18 +26,47 @@ namespace {
 
 constexpr int RANKS = 4;
 
+struct ncclUniqueIdBytes { // ncclUniqueId's 128 bytes, passed by value as NCCL takes it
+    unsigned char bytes[128];
+};
+
 void check_ok_outcome(const Outcome &o)
 {
     INFO(o.what << ": " << o.message);
     CHECK(o.status == RINGATTN_SUCCESS);
 }
 
-// How a transport's comms are made: all at once (threads) or each by its rank's thread.
+// How a transport's comms are made: all at once (threads) or each by its rank's thread. After a
+// rank's script, before its plan and tensors go, after_script(rank, outcomes); after it has
+// destroyed its comm, done(rank): a borrowed NCCL communicator is the caller's to abort after a
+// comm failure (its queued operations would hold every cudaFree of the device) and to destroy.
 struct Transport {
     std::string name;
     bool tells_peers; // a failed comm fails its peers' calls at once (custom: no way to)
     std::function<ringattn_status_t(std::vector<ringattn_comm_t> &)> make_all;
     std::function<ringattn_status_t(int rank, ringattn_comm_t *)> make_one;
+    std::function<void(int rank, const Outcomes &)> after_script = nullptr;
+    std::function<void(int rank)> done = nullptr;
+    bool remote_errors = false; // the fake NCCL's ra_emu_nccl_remote_errors while it runs
+};
+
+// The fake NCCL's own entry points, found by name in the emulated library.
+struct FakeNccl {
+    int (*init)(void **comm, int nranks, ncclUniqueIdBytes id, int rank) = nullptr;
+    int (*destroy)(void *comm) = nullptr;
+    int (*abort)(void *comm) = nullptr;
+    ringattn_status_t (*borrow)(void *comm, ringattn_comm_t *out) = nullptr;
+    void (*remote_errors)(int on) = nullptr;
+    FakeNccl()
+    {
+        init = reinterpret_cast<decltype(init)>(dlsym(RTLD_DEFAULT, "ncclCommInitRank"));
+        destroy = reinterpret_cast<decltype(destroy)>(dlsym(RTLD_DEFAULT, "ncclCommDestroy"));
+        abort = reinterpret_cast<decltype(abort)>(dlsym(RTLD_DEFAULT, "ncclCommAbort"));
+        borrow = reinterpret_cast<decltype(borrow)>(dlsym(RTLD_DEFAULT, "ringattn_comm_create_nccl"));
+        remote_errors = reinterpret_cast<decltype(remote_errors)>(
+            dlsym(RTLD_DEFAULT, "ra_emu_nccl_remote_errors"));
+    }
+    explicit operator bool() const { return init && destroy && abort && borrow && remote_errors; }
 };
 
 std::vector<Transport> transports()
@@ -53,22 +86,66 @@ std::vector<Transport> transports()
                      }});
     }
     const ringtest::NcclEntry nccl = ringtest::nccl_entry();
-    if (!host && nccl && !std::getenv("RATEST_GPU")) {
-        auto id = std::make_shared<std::vector<unsigned char>>(128);
-        t.push_back({"nccl", true,
-                     [nccl, id](std::vector<ringattn_comm_t> &) {
-                         return nccl.get_id(id->data()) == 0 ? RINGATTN_SUCCESS
-                                                              : RINGATTN_ERR_COMM;
-                     },
-                     [nccl, id](int r, ringattn_comm_t *c) {
-                         return nccl.create(id->data(), RANKS, r, -1, c);
-                     }});
-    }
+    const FakeNccl fake;
+    if (host || !nccl || !fake || std::getenv("RATEST_GPU")) return t;
+    auto id = std::make_shared<ncclUniqueIdBytes>();
+    const auto new_id = [nccl, id](std::vector<ringattn_comm_t> &) {
+        return nccl.get_id(id->bytes) == 0 ? RINGATTN_SUCCESS : RINGATTN_ERR_COMM;
+    };
+    const auto own = [nccl, id](int r, ringattn_comm_t *c) {
+        return nccl.create(id->bytes, RANKS, r, -1, c);
+    };
+    t.push_back({"nccl", true, new_id, own});
+    t.push_back({"nccl with remote errors", true, new_id, own, nullptr, nullptr, true});
+    auto borrowed = std::make_shared<std::vector<void *>>(RANKS, nullptr);
+    t.push_back({"nccl borrowed", true, new_id,
+                 [fake, id, borrowed](int r, ringattn_comm_t *c) {
+                     if (fake.init(&(*borrowed)[(size_t)r], RANKS, *id, r) != 0)
+                         return RINGATTN_ERR_COMM;
+                     return fake.borrow((*borrowed)[(size_t)r], c);
+                 },
+                 [fake, borrowed](int r, const Outcomes &outs) {
+                     for (const Outcome &o : outs)
+                         if (o.status == RINGATTN_ERR_COMM) { // as the message asks
+                             fake.abort((*borrowed)[(size_t)r]);
+                             (*borrowed)[(size_t)r] = nullptr;
+                             return;
+                         }
+                 },
+                 [fake, borrowed](int r) {
+                     if ((*borrowed)[(size_t)r]) fake.destroy((*borrowed)[(size_t)r]);
+                 }});
     return t;
 }
 
+// Every rank thread waits for the others (Rank::sync).
+class Barrier {
+  public:
+    explicit Barrier(int n) : n_(n) {}
+    void wait()
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        const unsigned long gen = gen_;
+        if (++arrived_ == n_) {
+            arrived_ = 0, ++gen_;
+            cv_.notify_all();
+        } else {
+            cv_.wait(lk, [&] { return gen_ != gen; });
+        }
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int n_, arrived_ = 0;
+    unsigned long gen_ = 0;
+};
+
 std::vector<Outcomes> run_threads(const Transport &tr, const Scenario &s)
 {
+    Barrier barrier(RANKS);
+    const FakeNccl fake;
+    if (fake) fake.remote_errors(tr.remote_errors);
     std::vector<ringattn_comm_t> comms(RANKS, nullptr);
     if (tr.make_all) REQUIRE(tr.make_all(comms) == RINGATTN_SUCCESS);
     std::vector<Outcomes> outs(RANKS);
@@ -84,13 +161,17 @@ std::vector<Outcomes> run_threads(const Transport &tr, const Scenario &s)
             }
             {
                 Rank rank(comm);
+                rank.set_sync([&barrier] { barrier.wait(); });
                 made[(size_t)r] = rank.create();
                 if (made[(size_t)r].status == RINGATTN_SUCCESS)
                     outs[(size_t)r] = s.script(r, RANKS, rank);
+                if (tr.after_script) tr.after_script(r, outs[(size_t)r]);
             }
             if (tr.make_one) destroyed[(size_t)r] = ringattn_comm_destroy(comm);
+            if (tr.done) tr.done(r);
         });
     for (auto &t : threads) t.join();
+    if (fake) fake.remote_errors(0);
     if (!tr.make_one)
         for (auto c : comms) CHECK(ringattn_comm_destroy(c) == RINGATTN_SUCCESS);
     for (int r = 0; r < RANKS; ++r) {
@@ -160,8 +241,13 @@ TEST_CASE("plan_create out of memory on one rank after the agreement fails on ev
         {
             const Scenario s{"a big plan out of memory on rank 1, then a small plan's forward",
                              [](int rank, int, Rank &r) {
-                                 return Outcomes{create_big_plan(r.comm(), rank == 1),
-                                                 r.forward(1)};
+                                 Outcomes o{create_big_plan(r.comm(), rank == 1)};
+                                 // ranks as threads share one emulated device, whose cudaFree
+                                 // waits for every rank's queued work: the failed plans' frees
+                                 // before a rank queues its next agreement
+                                 r.sync();
+                                 o.push_back(r.forward(1));
+                                 return o;
                              },
                              [](int rank, const Outcomes &o) {
                                  INFO(o[0].message);

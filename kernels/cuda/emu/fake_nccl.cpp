@@ -5,9 +5,10 @@
 // operation (fake_runtime.h: enqueue_gated): it runs when what it waits for has run on the other
 // rank's stream, so a drain waits for other ranks as a GPU would, and a message nobody sends
 // blocks its stream until the communicator is aborted. An aborted rank's queued operations run
-// as no-ops: they contribute and deliver nothing. Its peers' ncclCommGetAsyncError reports
-// ncclRemoteError from then on, as NCCL's network transports report a peer whose connections
-// closed (within one node real NCCL reports nothing: the peers find out at their deadlines).
+// as no-ops: they contribute and deliver nothing. Its peers hear nothing of it, as within one
+// node (ranks as threads on one device are); with ra_emu_nccl_remote_errors(1) their
+// ncclCommGetAsyncError reports ncclRemoteError from then on, as NCCL's network transports
+// report a peer whose connections closed.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,6 +74,7 @@ struct State {
 // then none (a peer that stops sending: its receivers wait until the communicator is aborted).
 std::atomic<int> withhold_rank{-1};
 std::atomic<unsigned long> withhold_after{0};
+std::atomic<bool> remote_errors{false}; // ra_emu_nccl_remote_errors
 
 // A point-to-point operation or an all-reduce, held until its group ends.
 struct Pending {
@@ -256,6 +258,13 @@ __attribute__((visibility("default"))) void ra_emu_nccl_withhold_sends(int rank,
     withhold_rank.store(rank);
 }
 
+// A test hook: 1, an aborted rank's peers see ncclRemoteError (NCCL's network transports); 0,
+// the default, they see nothing (within one node).
+__attribute__((visibility("default"))) void ra_emu_nccl_remote_errors(int on)
+{
+    remote_errors.store(on != 0);
+}
+
 ncclResult_t ncclGetVersion(int *version) { return *version = NCCL_VERSION_CODE, ncclSuccess; }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
@@ -303,7 +312,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
     if (!comm || !err) return fail(ncclInvalidArgument, "NULL argument");
     std::lock_guard<std::mutex> lk(nmu);
     const Clique &cl = *comm->st->clique;
-    *err = comm->st->aborted.load() || cl.broken ? ncclRemoteError
+    *err = comm->st->aborted.load() || (cl.broken && remote_errors.load()) ? ncclRemoteError
            : cl.joined < cl.nranks                ? ncclInProgress
                                                   : ncclSuccess;
     return ncclSuccess;
