@@ -57,6 +57,7 @@ if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
         -DRINGATTN_BUILD_BENCH=OFF -DRINGATTN_BUILD_EXAMPLES=ON -DRINGATTN_ENABLE_MPI=ON \
         -DRINGATTN_ENABLE_NCCL=ON
     cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors test_cache \
+        test_nan_inputs test_faults_threads \
         test_cuda_ring test_cuda_nccl ring_attention
     (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
