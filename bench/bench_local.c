@@ -59,6 +59,7 @@ typedef struct {
     int cuda; /* --backend cuda */
     int dtypes[MAX_LIST], ndtypes; /* ringattn_dtype_t values */
     int block_q, block_k; /* --block: the plan's tiles (0: the library's choice) */
+    int counters; /* --counters: the emulation's performance counters, a JSON line per launch */
 } options_t;
 
 typedef struct {
@@ -395,16 +396,22 @@ static void report(const options_t *opt, const problem_t *p, const reference_t *
 
 static cuda_memory_t cuda_memory;
 
-/* Forward and backward on the CUDA backend: Q, K, V, dO copied to the device, O, LSE and the
-   gradients back after the runs for the float64 check. */
+/* Forward and backward on the CUDA backend: Q, K, V, dO (in the storage dtype) copied to the
+   device, O, LSE and the gradients back after the runs for the float64 check. */
 static void bench_library_cuda(const options_t *opt, problem_t *p, const reference_t *ref,
                                lib_ctx_t *c) {
-    const size_t q = sizeof(float) * (size_t)p->T * p->H * p->D;
-    const size_t kv = sizeof(float) * (size_t)p->T * p->HKV * p->D;
+    const int half = p->hq != NULL;
+    const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+    const size_t q = es * (size_t)p->T * p->H * p->D;
+    const size_t kv = es * (size_t)p->T * p->HKV * p->D;
     const size_t lse = sizeof(float) * (size_t)p->T * p->H;
     const cuda_memory_t *m = &cuda_memory;
     enum { Q, K, V, O, LSE, DO, DQ, DK, DV, N };
-    const void *from[N] = {p->q, p->k, p->v, NULL, NULL, p->dout, NULL, NULL, NULL};
+    const void *from[N] = {half ? (void *)p->hq : p->q, half ? (void *)p->hk : p->k,
+                           half ? (void *)p->hv : p->v, NULL, NULL,
+                           half ? (void *)p->hdout : p->dout, NULL, NULL, NULL};
+    void *back_o = half ? (void *)p->ho : p->o, *back_dq = half ? (void *)p->hdq : p->dq;
+    void *back_dk = half ? (void *)p->hdk : p->dk, *back_dv = half ? (void *)p->hdv : p->dv;
     const size_t bytes[N] = {q, kv, kv, q, lse, q, q, kv, kv};
     void *d[N];
     int ok = 1;
@@ -417,12 +424,14 @@ static void bench_library_cuda(const options_t *opt, problem_t *p, const referen
         c->t.lse = d[LSE], c->t.dout.data = d[DO];
         c->t.dq.data = d[DQ], c->t.dk.data = d[DK], c->t.dv.data = d[DV];
         fwd = measure(opt, run_lib, c, 0);
-        if (fwd >= 0 && (m->copy(p->o, d[O], q, 4) != 0 || m->copy(p->lse, d[LSE], lse, 4) != 0))
+        if (fwd >= 0 && (m->copy(back_o, d[O], q, 4) != 0 || m->copy(p->lse, d[LSE], lse, 4) != 0))
             fwd = -1.0;
+        outputs_to_f32(p, 0);
         if (fwd >= 0) bwd = measure(opt, run_lib, c, 1);
-        if (bwd >= 0 && (m->copy(p->dq, d[DQ], q, 4) || m->copy(p->dk, d[DK], kv, 4) ||
-                         m->copy(p->dv, d[DV], kv, 4)))
+        if (bwd >= 0 && (m->copy(back_dq, d[DQ], q, 4) || m->copy(back_dk, d[DK], kv, 4) ||
+                         m->copy(back_dv, d[DV], kv, 4)))
             bwd = -1.0;
+        outputs_to_f32(p, 1);
     } else {
         fprintf(stderr, "bench_local: --backend cuda: device allocation failed\n");
     }
@@ -531,7 +540,7 @@ static void usage(void) {
         "usage: bench_local [--seq LIST|all] [--dim LIST] [--mask LIST] [--threads LIST]\n"
         "                   [--heads H] [--kv-heads HKV] [--reps N] [--budget SECONDS]\n"
         "                   [--sample ROWS] [--no-naive] [--quick] [--json FILE] [--no-json]\n"
-        "                   [--backend cpu|cuda] [--dtype LIST] [--block Q,K]\n"
+        "                   [--backend cpu|cuda] [--dtype LIST] [--block Q,K] [--counters]\n"
         "  LIST is comma-separated. --seq from 1024,2048,4096,8192,16384,32768 (any T works);\n"
         "  --dim 64,128; --mask none,causal,window (window = causal sliding window of %d);\n"
         "  --threads 1,all (numbers or 'all' = OpenMP's max threads).\n"
@@ -542,8 +551,10 @@ static void usage(void) {
         "  --quick: T 1024,8192,32768 (32768 window only), D 128, all threads, 1 run (< 1 min).\n"
         "  JSON lines go to stdout after the table, or to FILE with --json FILE.\n"
         "  --backend cuda: the CUDA backend (one device: --threads is ignored).\n"
-        "  --dtype f32,f16,bf16 (default f32): the tensors' storage dtype (CPU backend; the\n"
+        "  --dtype f32,f16,bf16 (default f32): the tensors' storage dtype (either backend; the\n"
         "  naive rows and the tracked ratios are float32 only).\n"
+        "  --counters: with --backend cuda on the emulated library, its performance counters\n"
+        "  (RA_EMU_COUNTERS): a JSON line per kernel launch on stderr, or in RA_EMU_COUNTERS_FILE.\n"
         "  --block Q,K: the plan's query and key tile rows (default: the library's, 256,256).\n",
         WINDOW);
 }
@@ -606,6 +617,7 @@ static int parse(int argc, char **argv, options_t *o) {
         else if (!strcmp(a, "--quick")) { o->quick = 1; continue; }
         else if (!strcmp(a, "--no-naive")) { o->naive = 0; continue; }
         else if (!strcmp(a, "--no-json")) { o->no_json = 1; continue; }
+        else if (!strcmp(a, "--counters")) { o->counters = 1; continue; }
         if (!v) { fprintf(stderr, "bench_local: %s: missing value or unknown flag\n", a); return 0; }
         ++i;
         if (!strcmp(a, "--seq")) {
@@ -635,12 +647,10 @@ static int parse(int argc, char **argv, options_t *o) {
         o->quad_max_seq[0] = o->quad_max_seq[1] = 8192;
     }
     if (seq_given) o->quad_max_seq[0] = o->quad_max_seq[1] = 0;
-    for (int i = 0; i < o->ndtypes && o->cuda; ++i)
-        if (o->dtypes[i] != RINGATTN_FLOAT32) {
-            fprintf(stderr, "bench_local: --dtype %s: --backend cuda runs float32 only here\n",
-                    dtype_name(o->dtypes[i]));
-            return 0;
-        }
+    if (o->counters && !o->cuda) {
+        fprintf(stderr, "bench_local: --counters: the emulated CUDA backend's (--backend cuda)\n");
+        return 0;
+    }
     if (o->heads % o->kv_heads) {
         fprintf(stderr, "bench_local: --heads %d is not a multiple of --kv-heads %d\n", o->heads, o->kv_heads);
         return 0;
@@ -665,6 +675,15 @@ int main(int argc, char **argv) {
     if (opt.cuda) {
         if (cuda_memory_load(&cuda_memory, "bench_local")) return 2;
         opt.nthreads = 1, opt.threads[0] = 1; /* one device */
+    }
+    if (opt.counters) { /* the emulated library's hook; a GPU has none (ncu counts there) */
+        void (*counters)(int) = NULL;
+        *(void **)&counters = dlsym(RTLD_DEFAULT, "ra_emu_counters");
+        if (!counters) {
+            fprintf(stderr, "bench_local: --counters: not the emulated library (on a GPU, ncu)\n");
+            return 2;
+        }
+        counters(1);
     }
     printf("# ringattn %s bench_local: backend %s, ranks 1, threads 1..%d, kv heads %d\n",
            ringattn_version_string(), backend, max_threads, opt.kv_heads);

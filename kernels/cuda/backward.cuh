@@ -20,10 +20,10 @@ namespace ra_bwd {
 
 // The block's shared memory, carved as ra__cuda_bwd_smem sizes it.
 struct tiles {
-    float *q, *dout, *k, *v, *acc0, *acc1, *p, *ds, *dz, *db;
+    ra_smem<float> q, dout, k, v, acc0, acc1, p, ds, dz, db;
 };
 
-__device__ __forceinline__ tiles carve(float *sm, int t, int d, int dv)
+__device__ __forceinline__ tiles carve(ra_smem<float> sm, int t, int d, int dv)
 {
     tiles s;
     s.q = sm, s.dout = s.q + t * d, s.k = s.dout + t * dv, s.v = s.k + t * d;
@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, con
         const int64_t h = i / a.f.tq, r = i % a.f.tq;
         float d = 0.0f;
         for (int c = 0; c < a.f.dv; ++c)
-            d = fmaf(ra_bwd::load(a.dout, r * a.do_row + h * a.do_head + c, a.dtype),
-                     ra_bwd::load(o, r * o_row + h * o_head + c, a.dtype), d);
+            d = ra_fma(ra_bwd::load(a.dout, r * a.do_row + h * a.do_head + c, a.dtype),
+                       ra_bwd::load(o, r * o_row + h * o_head + c, a.dtype), d);
         a.drow[i] = d;
         const float lse = a.f.lse[i];
         const bool recompute = row_m && ra_fwd::lse_lossy(lse) && row_l[i] > 0.0f;
@@ -187,12 +187,12 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
                     // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij
                     for (int c = part; c < d + dv; c += per_row) {
                         const bool is_v = c >= d;
-                        const float *w = is_v ? s.p : s.dz;
-                        const float *x = is_v ? s.dout + (c - d) : s.q + c;
+                        const ra_smem<float> w = is_v ? s.p : s.dz;
+                        const ra_smem<float> x = is_v ? s.dout + (c - d) : s.q + c;
                         const int ld = is_v ? dv : d;
                         float sum = 0.0f;
                         for (int i = 0; i < (int)qs.count; ++i)
-                            sum = fmaf(w[i * t + j_own], x[i * ld], sum);
+                            sum = ra_fma(w[i * t + j_own], x[i * ld], sum);
                         if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
                         else s.acc0[j_own * d + c] += a.f.scale * sum;
                     }
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
             // dQ_i += scale sum_j dZ_ij k_j
             for (int c = part; c < d; c += per_row) {
                 float sum = 0.0f;
-                for (int j = 0; j < kt.count; ++j) sum = fmaf(s.dz[i_own * t + j], s.k[j * d + c], sum);
+                for (int j = 0; j < kt.count; ++j) sum = ra_fma(s.dz[i_own * t + j], s.k[j * d + c], sum);
                 s.acc0[i_own * d + c] += a.f.scale * sum;
             }
             __syncthreads(); // the next key tile overwrites the tiles
@@ -295,8 +295,8 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
             __syncthreads();
             logit_tile(a, s, rows, n, kt.seg, kt.k0, kt.count, kt.full, qshift);
             if (tid < n) // SPEC 4's scalar update (no accumulator)
-                ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, s.p + tid * a.bk, kt.count,
-                                 nullptr, 0);
+                ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * a.bk),
+                                 kt.count, nullptr, 0);
             __syncthreads(); // the next key tile overwrites the tiles
         });
         if (tid < n) a.f.m[at + tid] = row_m[tid], a.f.l[at + tid] = row_l[tid];

@@ -41,23 +41,34 @@ constexpr int THREADS = 128;
 
 __device__ __forceinline__ float load(const void *p, int64_t i, int dt)
 {
-    if (dt == 0) return static_cast<const float *>(p)[i];
+    if (dt == 0) {
+        ra_count_global_load(static_cast<const float *>(p) + i, 4);
+        return static_cast<const float *>(p)[i];
+    }
     const uint16_t h = static_cast<const uint16_t *>(p)[i];
+    ra_count_global_load(static_cast<const uint16_t *>(p) + i, 2);
     return dt == 1 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h);
 }
 
 // A gradient element: added to a float32 sum, or stored in the storage dtype.
 __device__ __forceinline__ void store(void *p, int64_t i, float x, int dt, int accumulate)
 {
-    if (accumulate) static_cast<float *>(p)[i] += x;
-    else if (dt == 0) static_cast<float *>(p)[i] = x;
-    else static_cast<uint16_t *>(p)[i] = dt == 1 ? ra__f32_to_bf16(x) : ra__f32_to_f16(x);
+    if (accumulate || dt == 0) {
+        float *e = static_cast<float *>(p) + i;
+        if (accumulate) ra_count_global_load(e, 4);
+        ra_count_global_store(e, 4);
+        *e = accumulate ? *e + x : x;
+        return;
+    }
+    ra_count_global_store(static_cast<uint16_t *>(p) + i, 2);
+    static_cast<uint16_t *>(p)[i] = dt == 1 ? ra__f32_to_bf16(x) : ra__f32_to_f16(x);
 }
 
 // Rows [r0, r0 + n) of a tensor (elements from `at`, row stride rs, `dim` columns) as float32
 // into a tile of n rows of `dim` columns; zeros at and past row `rows`.
-__device__ __forceinline__ void load_rows(float *tile, const void *base, int64_t at, int64_t rs,
-                                          int64_t r0, int64_t rows, int n, int dim, int dt)
+__device__ __forceinline__ void load_rows(ra_smem<float> tile, const void *base, int64_t at,
+                                          int64_t rs, int64_t r0, int64_t rows, int n, int dim,
+                                          int dt)
 {
     for (int i = (int)threadIdx.x; i < n * dim; i += (int)blockDim.x) {
         const int r = i / dim, c = i % dim;
@@ -112,23 +123,24 @@ __device__ __forceinline__ pair_grad grads(const ra_bwd_args &a, const brow &r, 
 }
 
 // The dot product of two tile rows as the float32 forward kernel takes it (forward_f32.cuh):
-// a chain of fmaf over the even columns and one over the odd, then their sum, so that the
+// a chain of FFMA over the even columns and one over the odd, then their sum, so that the
 // logits of both directions are the same bits (SPEC 9: P = exp(s - LSE) of huge logits that
 // cancel is exact only then). One thread: bitwise repeatable. With a SPEC 9 shift, x's
 // elements times 2^-shift first (exact).
-__device__ __forceinline__ float dot(const float *x, const float *y, int n, int shift)
+// (The loads of x and y are statements of their own: the emulation's counters tell requests
+// apart by line.)
+__device__ __forceinline__ float dot(ra_smem<float> x, ra_smem<float> y, int n, int shift)
 {
     float even = 0.0f, odd = 0.0f;
-    if (shift)
-        for (int c = 0; c < n; c += 2) {
-            even = fmaf(ldexpf(x[c], -shift), y[c], even);
-            if (c + 1 < n) odd = fmaf(ldexpf(x[c + 1], -shift), y[c + 1], odd);
-        }
-    else
-        for (int c = 0; c < n; c += 2) {
-            even = fmaf(x[c], y[c], even);
-            if (c + 1 < n) odd = fmaf(x[c + 1], y[c + 1], odd);
-        }
+    for (int c = 0; c < n; c += 2) {
+        const float x0 = x[c];
+        const float y0 = y[c];
+        even = ra_fma(shift ? ldexpf(x0, -shift) : x0, y0, even);
+        if (c + 1 >= n) break;
+        const float x1 = x[c + 1];
+        const float y1 = y[c + 1];
+        odd = ra_fma(shift ? ldexpf(x1, -shift) : x1, y1, odd);
+    }
     return even + odd;
 }
 

@@ -26,10 +26,22 @@ __device__ __forceinline__ uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-// Dynamic shared memory as `type *name`, 16-byte aligned.
+// Shared memory as the kernels address it: a plain pointer here (the emulation's counts its
+// accesses), and dynamic shared memory as `ra_smem<type> name`, 16-byte aligned.
+template <class T> using ra_smem = T *;
 #define RA_DYNAMIC_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ra_dynamic_smem_[]; \
     type *name = reinterpret_cast<type *>(ra_dynamic_smem_)
+
+// A shared-memory pointer's address (the emulation's counted pointer's), as functions that take
+// a T * want it.
+template <class T> __device__ __forceinline__ T *ra_raw(T *p) { return p; }
+
+// A global load or store of `bytes` at p, for the emulation's counters; nothing here.
+__device__ __forceinline__ void ra_count_global_load(const void *, unsigned) {}
+__device__ __forceinline__ void ra_count_global_store(const void *, unsigned) {}
+// A float32 fused multiply-add (FFMA), which the emulation counts.
+__device__ __forceinline__ float ra_fma(float a, float b, float c) { return fmaf(a, b, c); }
 
 // D = C + A B: A 16x16 row-major, B 16x8 column-major (bf16 or f16), C and D float32, in the
 // PTX ISA's fragments (lane l, g = l >> 2, t = l & 3).
@@ -91,6 +103,7 @@ template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
 inline const char *ra_device_error_detail() { return ""; }
 
 #else // the SIMT emulation
+#include "kernels/cuda/emu/counted.h"
 #include "kernels/cuda/emu/cuda_emu.h"
 #include "base/dtype.h"
 
@@ -106,7 +119,23 @@ inline uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
     return (uint32_t)a | ((uint32_t)b << 16);
 }
 
-#define RA_DYNAMIC_SMEM(type, name) type *name = reinterpret_cast<type *>(::ra_emu::dynamic_smem())
+template <class T> using ra_smem = ::ra_emu::SharedPtr<T>;
+#define RA_DYNAMIC_SMEM(type, name) \
+    ra_smem<type> name(reinterpret_cast<type *>(::ra_emu::dynamic_smem()))
+
+inline void ra_count_global_load(const void *p, unsigned bytes, RA_EMU_SITE_PARAMS)
+{
+    ra_emu::count_access(ra_emu::Kind::ld_global, p, bytes, RA_EMU_SITE_ARG);
+}
+inline void ra_count_global_store(const void *p, unsigned bytes, RA_EMU_SITE_PARAMS)
+{
+    ra_emu::count_access(ra_emu::Kind::st_global, p, bytes, RA_EMU_SITE_ARG);
+}
+inline float ra_fma(float a, float b, float c)
+{
+    if (ra_emu::counting_on) ra_emu::count_ffma_slow();
+    return std::fma(a, b, c);
+}
 
 inline void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4], const uint32_t b[2],
                          const float c[4], RA_EMU_SITE_PARAMS)
@@ -122,7 +151,14 @@ inline void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4], const uint3
 }
 
 inline void ra_ldmatrix_x4(bool trans, uint32_t r[4], const void *row,
-                           RA_EMU_SITE_PARAMS)
+                           RA_EMU_SITE_PARAMS);
+template <class T>
+inline void ra_ldmatrix_x4(bool trans, uint32_t r[4], ra_smem<T> row, RA_EMU_SITE_PARAMS)
+{
+    ra_ldmatrix_x4(trans, r, static_cast<const void *>(row.get()), ra_file_, ra_line_);
+}
+inline void ra_ldmatrix_x4(bool trans, uint32_t r[4], const void *row, const char *ra_file_,
+                           int ra_line_)
 {
     uint32_t in[2];
     const uintptr_t a = (uintptr_t)row;
@@ -132,9 +168,14 @@ inline void ra_ldmatrix_x4(bool trans, uint32_t r[4], const void *row,
                             0xffffffffu, in, 2, r, 4, RA_EMU_SITE_ARG);
 }
 
-inline void ra_cp_async16(void *smem, const void *gmem, bool pred)
+inline void ra_cp_async16(void *smem, const void *gmem, bool pred, RA_EMU_SITE_PARAMS)
 {
-    ra_emu::cp_async16(smem, gmem, pred);
+    ra_emu::cp_async16(smem, gmem, pred, RA_EMU_SITE_ARG);
+}
+template <class T>
+inline void ra_cp_async16(ra_smem<T> smem, const void *gmem, bool pred, RA_EMU_SITE_PARAMS)
+{
+    ra_emu::cp_async16(smem.get(), gmem, pred, RA_EMU_SITE_ARG);
 }
 inline void ra_cp_async_commit() { ra_emu::cp_async_commit(); }
 template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep); }
@@ -145,8 +186,8 @@ template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep)
     do {                                                                                       \
         st = RA_SMEM_OPTIN(kernel, smem);                                                      \
         if (st == 0)                                                                           \
-            st = (int)::ra_emu::launch_kernel((stream), (grid), (block), (smem), kernel,       \
-                                              __VA_ARGS__);                                    \
+            st = (int)::ra_emu::launch_kernel(::ra_emu::kernel_name<kernel>(), (stream),       \
+                                              (grid), (block), (smem), kernel, __VA_ARGS__);   \
     } while (0)
 #endif
 

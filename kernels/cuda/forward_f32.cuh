@@ -1,7 +1,7 @@
 // The forward kernel for float32 storage (CUDA.md section 1): SIMT FFMA, since tensor cores in
 // bf16 or tf32 cannot meet SPEC 9's float32 limit. One block per (query tile of 64 of a query
 // segment, head), 128 threads: two per query row. The pair splits the row's products with a
-// key tile of 16 in shared memory by column parity (each a chain of fmaf in column order, the
+// key tile of 16 in shared memory by column parity (each a chain of FFMA in column order, the
 // two halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
 // scalar update of kernels/softmax_state.h (ra__state_update) unchanged on their half of the
 // D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80 too. The segment
@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     constexpr int BQ = ra_fwd32::BQ, BK = ra_fwd32::BK, QS = D + 4; // Q rows padded: fewer conflicts
     constexpr int HALF = DV / 2; // the columns of acc this thread owns
     RA_DYNAMIC_SMEM(float, sm);
-    float *sq = sm, *sk = sq + BQ * QS, *sv = sk + BK * D;
+    const ra_smem<float> sq = sm, sk = sq + BQ * QS, sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile), this thread's
     // half of them from c0
@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
                 *gv = static_cast<const float *>(a.v);
     // rows [r0, r0 + n) of base (row stride rs) into a tile of row stride ts and `width`
     // columns; zeros past `rows` and in the columns past dim
-    auto load = [&](float *tile, int ts, const float *base, int64_t rs, int r0, int rows, int n,
-                    int width, int dim) {
+    auto load = [&](ra_smem<float> tile, int ts, const float *base, int64_t rs, int r0, int rows,
+                    int n, int width, int dim) {
         for (int c = (int)threadIdx.x; c < n * (width / 4); c += (int)blockDim.x) {
             const int r = c / (width / 4), ch = c % (width / 4);
             const bool in = r0 + r < rows && ch * 4 < dim;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         for (int c = half; c < D; c += 2) { // this thread's columns, in order
             const float qc = sq[row * QS + c];
             RA_UNROLL
-            for (int j = 0; j < BK; ++j) s[j] = fmaf(qc, sk[j * D + c], s[j]);
+            for (int j = 0; j < BK; ++j) s[j] = ra_fma(qc, sk[j * D + c], s[j]);
         }
         RA_UNROLL
         for (int j = 0; j < BK; ++j) {
@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
             s[j] = kt.full ? logit<false>(a, rc, z, true, pj, kseg.row + k0 + j)
                            : logit<true>(a, rc, z, k0 + j < lk, pj, kseg.row + k0 + j);
         }
-        ra__state_update(&m, &l, acc, HALF, s, BK, sv + c0, DV); // SPEC 4, the scalar reference
+        // SPEC 4, the scalar reference (its reads of V are not counted: a plain pointer)
+        ra__state_update(&m, &l, acc, HALF, s, BK, ra_raw(sv + c0), DV);
         __syncthreads(); // the next tiles overwrite sk and sv
     });
     if (!rc.live) return;
@@ -108,8 +109,14 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
-        if (c0 + c < dv) o[v0 + c0 + c] = acc[c] * inv;
-    if (owner) a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
+        if (c0 + c < dv) {
+            ra_count_global_store(o + v0 + c0 + c, 4);
+            o[v0 + c0 + c] = acc[c] * inv;
+        }
+    if (owner) {
+        ra_count_global_store(a.lse + at, 4);
+        a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
+    }
 }
 
 // Shared memory of ra_fwd_f32_kernel<D, DV>.

@@ -41,8 +41,8 @@ template <int D> __device__ __forceinline__ int swz(int row, int col)
 // head) into a swizzled tile of D >= dim columns; zeros at and past `rows`, the sequence's
 // length, and in the columns past dim.
 template <int D>
-__device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, int64_t row_stride,
-                                          int r0, int rows, int n, int dim)
+__device__ __forceinline__ void load_tile(ra_smem<uint16_t> tile, const uint16_t *base,
+                                          int64_t row_stride, int r0, int rows, int n, int dim)
 {
     constexpr int chunks = D / 8;
     for (int c = (int)threadIdx.x; c < n * chunks; c += (int)blockDim.x) {
@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_tile(uint16_t *tile, const uint16_t *base, 
 }
 
 // SPEC 9: the landed bf16 Q tile times 2^-shift, in place (exact: a power of two).
-__device__ __forceinline__ void shift_tile(uint16_t *tile, int n, int shift)
+__device__ __forceinline__ void shift_tile(ra_smem<uint16_t> tile, int n, int shift)
 {
     for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x)
         tile[i] = (uint16_t)(ra_pack_16x2(true, ldexpf(__uint_as_float((uint32_t)tile[i] << 16), -shift),
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
     RA_DYNAMIC_SMEM(uint16_t, sm);
     static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
     constexpr int BK = ra__cuda_keys_per_tile(D, DV);
-    uint16_t *sq = sm, *sk = sm + BQ * D, *sv = sk + BK * D;
+    const ra_smem<uint16_t> sq = sm, sk = sm + BQ * D, sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     ra_span qtile;
     int64_t qb; // the tile's first local row
@@ -263,10 +263,15 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         for (int n = 0; n < DV / 8; ++n) {
             if (n * 8 >= dv) break; // dv is a multiple of 8
             const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+            ra_count_global_store(o + n * 8 + 2 * t, 2);
             o[n * 8 + 2 * t] = (uint16_t)(pair & 0xffff);
+            ra_count_global_store(o + n * 8 + 2 * t + 1, 2);
             o[n * 8 + 2 * t + 1] = (uint16_t)(pair >> 16);
         }
-        if (t == 0 && owner) a.lse[at] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+        if (t == 0 && owner) {
+            ra_count_global_store(a.lse + at, 4);
+            a.lse[at] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+        }
     }
 }
 

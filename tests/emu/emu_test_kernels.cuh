@@ -9,7 +9,7 @@
 __global__ void ra_test_mma(const uint16_t *A, const uint16_t *B, bool b_transposed, float *C)
 {
     RA_DYNAMIC_SMEM(uint16_t, sm);
-    uint16_t *sa = sm, *sb = sm + 256;
+    const ra_smem<uint16_t> sa = sm, sb = sm + 256;
     const int l = threadIdx.x, g = l >> 2, t = l & 3;
     for (int i = l; i < 256; i += 32) sa[i] = A[i], sb[i] = B[i];
     __syncwarp();

@@ -225,7 +225,7 @@ TEST_CASE("a launch above the shared-memory limit is refused at once", "[emu]")
     CHECK(cudaGetLastError() == cudaErrorInvalidValue);
     CHECK(cudaGetLastError() == cudaSuccess);
     // above 48 KiB without the opt-in (a launch that bypasses RA_LAUNCH) fails as on a GPU
-    const cudaError_t e = ra_emu::launch_kernel(nullptr, dim3(1), dim3(64), 64 * 1024,
+    const cudaError_t e = ra_emu::launch_kernel("ra_test_neighbour", nullptr, dim3(1), dim3(64), 64 * 1024,
                                                 ra_test_neighbour, in.data(), out.data(), 1);
     CHECK(e == cudaErrorInvalidValue);
     CHECK(cudaGetLastError() == cudaErrorInvalidValue);

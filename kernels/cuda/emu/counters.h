@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/emu/cuda_emu.h"
 
@@ -21,8 +23,7 @@ namespace ra_emu {
 struct Block;
 struct Thread;
 
-// The kinds of request and their widths (bytes per lane: 1, 2, 4, 8 or 16).
-enum class Kind : uint8_t { ld_shared, st_shared, ld_global, st_global, cp_async, ldmatrix, ldmatrix_trans };
+// The kinds of request (Kind, cuda_emu.h) and their widths (bytes per lane: 1, 2, 4, 8, 16).
 constexpr int KINDS = 7, WIDTHS = 5;
 
 struct KindCount {
@@ -37,10 +38,12 @@ struct LaunchCounters {
     dim3 grid, block;
     size_t smem = 0;
     KindCount by[KINDS][WIDTHS];
+    // shared-memory requests by site ("backward_common.cuh:135 ld.shared"): where conflicts are
+    std::map<std::string, KindCount> shared_sites;
     uint64_t mma_issued = 0, mma_useful = 0, ffma = 0, barriers = 0, shuffles = 0;
     int max_cp_async_groups = 0;
     void add(const LaunchCounters &o);
-    std::string json() const; // one line, no newline
+    std::string json() const; // one line, no newline; the 8 sites of most wavefronts
 };
 
 // Where the counts of the running block go (the worker's share of the launch), and the state

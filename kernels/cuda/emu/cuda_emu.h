@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -69,9 +70,20 @@ void warp_collective(Collective op, unsigned mask, const uint32_t *in, int nin, 
 unsigned char *dynamic_smem();
 size_t dynamic_smem_bytes();
 
+// The performance counters (counters.h): the kinds of memory request, and one lane's part of
+// one, counted only while counting is on (a plain flag, set between launches).
+enum class Kind : uint8_t { ld_shared, st_shared, ld_global, st_global, cp_async, ldmatrix, ldmatrix_trans };
+extern bool counting_on;
+void count_access_slow(Kind k, const void *p, unsigned bytes, Site s);
+inline void count_access(Kind k, const void *p, unsigned bytes, Site s)
+{
+    if (counting_on) count_access_slow(k, p, bytes, s);
+}
+void count_ffma_slow();
+
 // Deferred cp.async (16 bytes): the source bytes are read now (zeros when pred is false) and
 // land in dst at the wait that covers their group.
-void cp_async16(void *dst, const void *src, bool pred);
+void cp_async16(void *dst, const void *src, bool pred, Site s);
 void cp_async_commit();
 void cp_async_wait(int keep); // all committed groups but the `keep` most recent land
 
@@ -79,9 +91,11 @@ void cp_async_wait(int keep); // all committed groups but the `keep` most recent
 enum class Policy { round_robin, lowest_first, highest_first, random };
 void set_policy(Policy p, uint64_t seed = 0); // for later launches from this thread
 Policy policy();
-// Runs body() as every thread of every block. 0, or -1 with last_error() saying what failed
-// (a deadlock, divergence, a misaligned ldmatrix, a shared-memory request above the limit...).
-int launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> &body);
+// Runs body() as every thread of every block (kernel: its name, for the counters). 0, or -1
+// with last_error() saying what failed (a deadlock, divergence, a misaligned ldmatrix, a
+// shared-memory request above the limit...).
+int launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()> &body,
+           const char *kernel = "kernel");
 const char *last_error();
 constexpr size_t max_dynamic_smem = 227 * 1024; // an H100/H200 block's opt-in limit
 
@@ -94,14 +108,28 @@ namespace ra_emu {
 // A kernel launch on a stream of the fake runtime: its arguments evaluated and copied once, as
 // CUDA copies parameters; it runs when a synchronisation drains the stream.
 template <class... Params, class... Args>
-cudaError_t launch_kernel(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
+cudaError_t launch_kernel(const char *name, cudaStream_t s, dim3 grid, dim3 block, size_t smem,
                           void (*kernel)(Params...), Args &&...args)
 {
     std::tuple<Params...> params(std::forward<Args>(args)...);
     if (!smem_allowed(reinterpret_cast<const void *>(kernel), smem))
         return cudaErrorInvalidValue; // above 48 KiB without cudaFuncSetAttribute
     return enqueue_launch(s, grid, block, smem,
-                          [kernel, params] { std::apply(kernel, params); });
+                          [kernel, params] { std::apply(kernel, params); }, name);
+}
+
+// A kernel's name with its template arguments ("ra_fwd_tile_kernel<128, 128>"), from the
+// compiler's name of this function instantiated for it.
+inline std::string kernel_name_of(const std::string &pretty) // "... [with auto Kernel = k]"
+{
+    const std::string key = "Kernel = ";
+    const size_t at = pretty.find(key), end = pretty.rfind(']');
+    return at == std::string::npos || end < at ? pretty : pretty.substr(at + key.size(), end - at - key.size());
+}
+template <auto Kernel> const char *kernel_name()
+{
+    static const std::string name = kernel_name_of(__PRETTY_FUNCTION__);
+    return name.c_str();
 }
 
 } // namespace ra_emu

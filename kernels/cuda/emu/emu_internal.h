@@ -28,6 +28,7 @@ struct Thread {
     uint32_t out[8] = {};  // its result of the last warp collective
     std::vector<PendingCopy> copies;
     int open_group = 0;    // cp.async groups committed so far
+    int landed_groups = 0; // of which have landed (the counters' groups in flight)
 };
 
 // A warp collective some lanes have reached and others not yet.
@@ -38,6 +39,8 @@ struct Pending {
     Site site{};
     uint32_t in[32][10];
 };
+
+struct CounterState; // counters.cpp
 
 struct Block {
     std::vector<Thread> threads;
@@ -50,6 +53,7 @@ struct Block {
     Thread *current = nullptr;
     std::string error; // set: the block stops; the launch fails with it
     bool unwinding = false; // after an error: every parked thread is resumed to unwind
+    CounterState *counters = nullptr; // while counting (counters.h)
 };
 
 // Thrown through a thread's kernel frames when its block failed, caught at the fiber's base,

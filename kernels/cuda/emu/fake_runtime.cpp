@@ -172,7 +172,7 @@ cudaError_t enqueue_gated(cudaStream_t s, std::function<bool()> gate, std::funct
 }
 
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
-                           std::function<void()> body)
+                           std::function<void()> body, const char *kernel)
 {
     Guard lk;
     if (sticky != cudaSuccess) return note(sticky); // a failed context takes no more work
@@ -188,7 +188,7 @@ cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
         if (sticky != cudaSuccess) return; // queued behind a fault: never runs, as on a GPU
         const Policy outer = policy();
         set_policy(p);
-        if (launch(grid, block, smem, body) != 0 && sticky == cudaSuccess)
+        if (launch(grid, block, smem, body, kernel) != 0 && sticky == cudaSuccess)
             sticky = cudaErrorLaunchFailure;
         set_policy(outer);
     }});

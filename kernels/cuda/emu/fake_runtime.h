@@ -134,7 +134,7 @@ void set_drain_policy(Drain d, uint64_t seed = 0);
 // (deadlock, divergence, ...) is sticky: the next synchronisation returns it, and last_error()
 // says what it was.
 cudaError_t enqueue_launch(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
-                           std::function<void()> body);
+                           std::function<void()> body, const char *kernel = "kernel");
 
 // Another party's operation on stream s (the fake NCCL's): run() in stream order once gate()
 // holds (both called with the runtime held). A drain that finds only such work not ready lets

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/cuda/emu/counters.h"
 #include "kernels/cuda/emu/emu_internal.h"
 
 namespace ra_emu {
@@ -118,7 +119,7 @@ void run_block(Block &b)
         fiber_reset(t.fiber, thread_main, &t);
         t.state = State::runnable;
         t.copies.clear();
-        t.open_group = 0;
+        t.open_group = t.landed_groups = 0;
     }
     b.barrier_arrived = 0;
     for (auto &w : b.warps) w.clear();
@@ -176,6 +177,8 @@ void barrier(Site s)
                    site_str(s) + ", other threads at " + site_str(b.barrier_site));
     if (++b.barrier_arrived < b.nthreads) return park(State::at_barrier, s);
     b.barrier_arrived = 0; // the last one releases the others
+    count_barrier();
+    counters_flush_block(b); // every thread's requests before the barrier are complete
     for (Thread &t : b.threads)
         if (t.state == State::at_barrier) t.state = State::runnable;
 }
@@ -183,20 +186,28 @@ void barrier(Site s)
 unsigned char *dynamic_smem() { return block().smem; }
 size_t dynamic_smem_bytes() { return block().smem_bytes; }
 
-void cp_async16(void *dst, const void *src, bool pred)
+void cp_async16(void *dst, const void *src, bool pred, Site s)
 {
+    count_access(Kind::cp_async, dst, 16, s);
+    if (pred) count_access(Kind::ld_global, src, 16, s);
     Thread *t = block().current;
     PendingCopy c{dst, {}, t->open_group};
     if (pred) std::memcpy(c.bytes, src, 16);
     t->copies.push_back(c);
 }
 
-void cp_async_commit() { ++block().current->open_group; }
+void cp_async_commit()
+{
+    Thread *t = block().current;
+    ++t->open_group;
+    count_cp_async_commit(t->open_group - t->landed_groups);
+}
 
 void cp_async_wait(int keep)
 {
     Thread *t = block().current;
     const int landed_below = t->open_group - keep; // groups [0, landed_below) land
+    if (landed_below > t->landed_groups) t->landed_groups = landed_below;
     size_t kept = 0;
     for (size_t i = 0; i < t->copies.size(); ++i) {
         PendingCopy &c = t->copies[i];
@@ -227,6 +238,7 @@ unsigned worker_count(unsigned long blocks)
 }
 
 struct LaunchShared {
+    LaunchCounters counters; // summed over the workers
     dim3 grid, bdim;
     size_t smem_bytes;
     const std::function<void()> *body;
@@ -262,12 +274,15 @@ void work(LaunchShared &L)
     blockDim = L.bdim;
     gridDim = L.grid;
     const unsigned long blocks = (unsigned long)L.grid.x * L.grid.y * L.grid.z;
+    LaunchCounters mine;
     for (unsigned long k; ok && (k = L.next++) < blocks;) {
         blockIdx = uint3{(unsigned)(k % L.grid.x), (unsigned)(k / L.grid.x % L.grid.y),
                          (unsigned)(k / ((unsigned long)L.grid.x * L.grid.y))};
         set_policy(L.policy, L.seed ^ (k * 0x9e3779b97f4a7c15ull)); // per block: any worker
         std::memset(b.smem, 0xff, L.smem_bytes); // unwritten shared memory reads NaN
+        counters_block_begin(b, &mine);
         run_block(b);
+        counters_block_end(b);
         if (b.error.empty()) continue;
         std::lock_guard<std::mutex> lk(L.mu);
         if (k < L.failed_block) {
@@ -280,6 +295,10 @@ void work(LaunchShared &L)
         std::lock_guard<std::mutex> lk(L.mu);
         if (L.error.empty()) L.error = "launch: no memory for the threads' stacks";
     }
+    if (counting_on) {
+        std::lock_guard<std::mutex> lk(L.mu);
+        L.counters.add(mine);
+    }
     running = outer;
     chosen = outer_policy;
     rng_state = outer_seed;
@@ -288,7 +307,8 @@ void work(LaunchShared &L)
 
 } // namespace
 
-int launch(dim3 grid, dim3 bdim, size_t smem_bytes, const std::function<void()> &body)
+int launch(dim3 grid, dim3 bdim, size_t smem_bytes, const std::function<void()> &body,
+           const char *kernel)
 {
     launch_error.clear();
     const long n = (long)bdim.x * bdim.y * bdim.z;
@@ -310,6 +330,11 @@ int launch(dim3 grid, dim3 bdim, size_t smem_bytes, const std::function<void()> 
     for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work, std::ref(L));
     work(L); // the launching thread is a worker too
     for (std::thread &t : pool) t.join();
+    if (counting_on) {
+        L.counters.kernel = kernel ? kernel : "kernel";
+        L.counters.grid = grid, L.counters.block = bdim, L.counters.smem = smem_bytes;
+        counters_report(L.counters);
+    }
     launch_error = L.error;
     return launch_error.empty() ? 0 : -1;
 }

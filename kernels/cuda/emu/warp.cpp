@@ -6,6 +6,7 @@
 // index in the low half).
 #include <string>
 
+#include "kernels/cuda/emu/counters.h"
 #include "kernels/cuda/emu/emu_internal.h"
 
 namespace ra_emu {
@@ -67,6 +68,13 @@ float half_of(uint32_t reg, int hi, bool bf16)
 void mma(const Pending &p, bool bf16, uint32_t out[32][8])
 {
     double A[16][16], B[16][8], C[16][8];
+    // useful: neither operand all zero (a padding row or column, or P of a masked tile)
+    bool a_nonzero = false, b_nonzero = false;
+    for (int l = 0; l < 32; ++l) {
+        a_nonzero = a_nonzero || (p.in[l][0] | p.in[l][1] | p.in[l][2] | p.in[l][3]) & 0x7fff7fffu;
+        b_nonzero = b_nonzero || (p.in[l][4] | p.in[l][5]) & 0x7fff7fffu;
+    }
+    count_mma(a_nonzero && b_nonzero);
     for (int l = 0; l < 32; ++l) {
         const int g = l >> 2, t = l & 3;
         const uint32_t *a = p.in[l], *b = p.in[l] + 4, *c = p.in[l] + 6;
@@ -101,6 +109,7 @@ void ldmatrix(const Pending &p, bool trans, uint32_t out[32][8])
 {
     const Block &b = block();
     uint16_t M[4][8][8];
+    uintptr_t rows[32];
     for (int l = 0; l < 32; ++l) {
         uintptr_t addr;
         std::memcpy(&addr, p.in[l], sizeof addr);
@@ -112,7 +121,9 @@ void ldmatrix(const Pending &p, bool trans, uint32_t out[32][8])
             fail_block(std::string(name(p.op)) + " at " + site_str(p.site) + ": lane " +
                        std::to_string(l) + "'s row is not in the block's dynamic shared memory");
         std::memcpy(M[l >> 3][l & 7], (const void *)addr, 16);
+        rows[l] = addr;
     }
+    count_ldmatrix(rows, trans);
     for (int l = 0; l < 32; ++l) {
         const int g = l >> 2, t = l & 3;
         for (int i = 0; i < 4; ++i) {
@@ -210,6 +221,8 @@ void warp_collective(Collective op, unsigned mask, const uint32_t *in, int nin, 
     }
     uint32_t res[32][8] = {};
     compute(*p, res);
+    if (op <= Collective::shfl_xor) count_shuffle();
+    if (mask == 0xffffffffu) counters_flush_warp(b, w); // every lane's earlier requests are made
     for (int l = 0; l < 32; ++l) {
         if (!(mask >> l & 1)) continue;
         Thread &lt = b.threads[(size_t)(w * 32 + l)];
