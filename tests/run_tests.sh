@@ -59,7 +59,7 @@ if [[ $sanitize -eq 0 && -n "$nvcc_bin" ]]; then
     cmake --build "$cuda_build" -j "$jobs" --target ringattn test_cuda_attention test_cuda_errors test_cache \
         test_nan_inputs test_faults_threads \
         test_cuda_ring test_cuda_nccl ring_attention
-    (cd "$cuda_build" && ctest -L gpu -V --no-tests=error) || status=$?
+    (cd "$cuda_build" && ctest -L "gpu|sass" -V --no-tests=error) || status=$?
 elif [[ $sanitize -eq 0 ]]; then
     echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend runs below)"
 fi

@@ -3,8 +3,9 @@
 // segment, head), 128 threads: two per query row. The pair splits the row's products with a
 // key tile of 16 in shared memory by column parity (each a chain of FFMA in column order, the
 // two halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
-// scalar update of kernels/softmax_state.h (ra__state_update) unchanged on their half of the
-// D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80 too. The segment
+// scalar update of kernels/softmax_state.h (ra__state_update's steps, unrolled over registers)
+// on their half of the D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80
+// too. The segment
 // walk, the logit and the running state across ring steps are those of the tile kernel
 // (forward_common.cuh), FULL tiles and top-k thresholds included; head dims below the tile's as
 // zero columns.
@@ -91,8 +92,25 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
             s[j] = kt.full ? logit<false>(a, rc, z, true, pj, kseg.row + k0 + j)
                            : logit<true>(a, rc, z, k0 + j < lk, pj, kseg.row + k0 + j);
         }
-        // SPEC 4, the scalar reference (its reads of V are not counted: a plain pointer)
-        ra__state_update(&m, &l, acc, HALF, s, BK, ra_raw(sv + c0), DV);
+        // SPEC 4: ra__state_update's steps, unrolled (s and acc stay in registers; through the
+        // scalar function's pointers s went to local memory: 25 STL/LDL per tile)
+        float mb = -INFINITY, alpha;
+        RA_UNROLL
+        for (int j = 0; j < BK; ++j) mb = ra__max_nan(s[j], mb);
+        if (ra__state_rescale(&m, mb, &alpha)) {
+            float sum = 0.0f;
+            RA_UNROLL
+            for (int c = 0; c < HALF; ++c) acc[c] *= alpha;
+            RA_UNROLL
+            for (int j = 0; j < BK; ++j) {
+                const float p = ra__prob(s[j], m);
+                if (p == 0.0f) continue; // masked keys are skipped, never multiplied
+                sum += p;
+                RA_UNROLL
+                for (int c = 0; c < HALF; ++c) acc[c] += p * sv[j * DV + c0 + c];
+            }
+            l = alpha * l + sum;
+        }
         __syncthreads(); // the next tiles overwrite sk and sv
     });
     if (!rc.live) return;

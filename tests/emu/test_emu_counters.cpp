@@ -60,11 +60,12 @@ TEST_CASE("counters: shared loads by the bank rule (conflict-free, broadcast, 8-
 
 TEST_CASE("counters: global loads in 32-byte sectors (coalesced, scattered)", "[emu][counters]")
 {
-    std::vector<float> in(32 * 8), out(32);
-    for (const auto c : {std::pair<int, long long>{1, 4}, {8, 32}, {2, 8}}) {
+    alignas(128) static float in[32 * 8]; // sectors counted from a 32-byte boundary
+    std::vector<float> out(32);
+    for (const auto &c : {std::pair<int, long long>{1, 4}, {8, 32}, {2, 8}}) {
         const std::string j = counted([&](int &st) {
-            RA_LAUNCH(st, ra_count_global_loads, dim3(1), dim3(32), 0, nullptr, in.data(),
-                      out.data(), c.first);
+            RA_LAUNCH(st, ra_count_global_loads, dim3(1), dim3(32), 0, nullptr, in, out.data(),
+                      c.first);
         });
         INFO("stride " << c.first << ": " << j);
         CHECK(field(j, "gmem_requests") == 1);
@@ -97,7 +98,7 @@ TEST_CASE("counters: useful and wasted mma, shuffles, barriers, cp.async groups"
 TEST_CASE("counters: ldmatrix wavefronts per 8x8 matrix", "[emu][counters]")
 {
     std::vector<uint32_t> out(32);
-    for (const auto c : {std::pair<int, long long>{16, 4}, {128, 32}}) {
+    for (const auto &c : {std::pair<int, long long>{16, 4}, {128, 32}}) {
         const std::string j = counted([&](int &st) {
             RA_LAUNCH(st, ra_count_ldmatrix, dim3(1), dim3(32), 8192, nullptr, c.first, out.data());
         });

@@ -4,8 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/emu/emu_internal.h"
@@ -27,27 +28,11 @@ std::string last_report;
 struct Group {
     Kind kind;
     Site site;
-    uint32_t lanes = 0;
+    bool judged;
+    uint8_t count;  // lanes so far
+    uint32_t lanes; // which
     uintptr_t addr[32];
     uint8_t bytes[32];
-};
-
-struct GroupKey {
-    const char *file;
-    int line;
-    Kind kind;
-    uint32_t occurrence;
-    bool operator==(const GroupKey &o) const
-    {
-        return file == o.file && line == o.line && kind == o.kind && occurrence == o.occurrence;
-    }
-};
-struct GroupHash {
-    size_t operator()(const GroupKey &k) const
-    {
-        return std::hash<const void *>()(k.file) ^ ((size_t)k.line * 0x9e3779b97f4a7c15ull) ^
-               ((size_t)k.occurrence << 20) ^ (size_t)k.kind;
-    }
 };
 
 // A lane's count of its accesses per site (hashed: two sites sharing a slot share a count,
@@ -65,34 +50,84 @@ bool is_shared(Kind k) { return k != Kind::ld_global && k != Kind::st_global; }
 // sectors touched.
 uint64_t units_of(const Group &g)
 {
-    std::vector<uintptr_t> words;
+    // the common requests first: one word for every lane (a broadcast), or lane l at the l-th
+    // consecutive element (4 bytes: 1 wavefront; 8 or 16: 2 or 4; global: its sectors)
+    if (g.lanes == 0xffffffffu) {
+        bool same = true, consecutive = true;
+        for (int l = 1; l < 32 && (same || consecutive); ++l) {
+            same = same && g.addr[l] == g.addr[0] && g.bytes[l] == g.bytes[0];
+            consecutive = consecutive && g.bytes[l] == g.bytes[0] &&
+                          g.addr[l] == g.addr[0] + (uintptr_t)l * g.bytes[0];
+        }
+        const uintptr_t unit = is_shared(g.kind) ? 4 : 32;
+        if (same && g.bytes[0] <= 4 && g.addr[0] % 4 + g.bytes[0] <= 4 && is_shared(g.kind)) return 1;
+        if (consecutive && g.addr[0] % unit == 0 && g.bytes[0] >= 4)
+            return is_shared(g.kind) ? (uint64_t)g.bytes[0] / 4 : (uint64_t)(32 * g.bytes[0]) / 32;
+    }
+    uintptr_t words[32 * 5];
+    int n = 0;
+    const uintptr_t unit = is_shared(g.kind) ? 4 : 32;
     for (int l = 0; l < 32; ++l) {
         if (!(g.lanes >> l & 1)) continue;
-        const uintptr_t a = g.addr[l], unit = is_shared(g.kind) ? 4 : 32;
-        for (uintptr_t w = a / unit; w <= (a + g.bytes[l] - 1) / unit; ++w) words.push_back(w);
+        const uintptr_t a = g.addr[l];
+        for (uintptr_t w = a / unit; w <= (a + g.bytes[l] - 1) / unit && n < 32 * 5; ++w) words[n++] = w;
     }
-    std::sort(words.begin(), words.end());
-    words.erase(std::unique(words.begin(), words.end()), words.end());
-    if (!is_shared(g.kind)) return words.size();
-    int per_bank[32] = {0}, most = 0;
-    for (uintptr_t w : words) most = std::max(most, ++per_bank[w % 32]);
-    return (uint64_t)std::max(most, 1);
+    std::sort(words, words + n);
+    n = (int)(std::unique(words, words + n) - words);
+    if (!is_shared(g.kind)) return (uint64_t)n;
+    int per_bank[32] = {0}, most = 1;
+    for (int i = 0; i < n; ++i) most = std::max(most, ++per_bank[words[i] % 32]);
+    return (uint64_t)most;
 }
 
 } // namespace
 
 bool counting_on = counting_from_env();
+bool counters_print = counting_on;
+
+// Groups in order, grown without initialising them (a vector would zero 300 bytes a group).
+struct GroupList {
+    std::unique_ptr<Group[]> at;
+    size_t n = 0, cap = 0;
+    bool empty() const { return n == 0; }
+    size_t size() const { return n; }
+    Group &operator[](size_t i) { return at[i]; }
+    Group &grow()
+    {
+        if (n == cap) {
+            const size_t c = cap ? 2 * cap : 64;
+            std::unique_ptr<Group[]> more(new Group[c]);
+            std::memcpy(static_cast<void *>(more.get()), at.get(), n * sizeof(Group));
+            at = std::move(more), cap = c;
+        }
+        return at[n++];
+    }
+    void clear() { n = 0; }
+    Group *begin() { return at.get(); }
+    Group *end() { return at.get() + n; }
+};
+
+// A warp's requests in progress: by site slot, the k-th access of every lane at it is group k.
+struct WarpGroups {
+    GroupList groups[SLOTS];
+    uint32_t occurrences[32][SLOTS];
+    std::vector<int> touched; // the slots in use
+};
 
 struct CounterState {
-    LaunchCounters *into;
-    std::vector<std::unordered_map<GroupKey, Group, GroupHash>> warps;
-    std::vector<uint32_t> occurrences; // [threads][SLOTS]
+    LaunchCounters *into = nullptr;
+    int nthreads = 0;
+    std::vector<std::unique_ptr<WarpGroups>> warps;
 };
 
 namespace {
 
-void judge(CounterState &cs, const Group &g)
+// Made once per worker and kept (its tables are large; a launch has many blocks).
+thread_local std::unique_ptr<CounterState> worker_state;
+
+void judge(CounterState &cs, Group &g)
 {
+    g.judged = true;
     unsigned widest = 1;
     uint64_t bytes = 0;
     for (int l = 0; l < 32; ++l)
@@ -121,21 +156,22 @@ void count_access_slow(Kind kind, const void *p, unsigned bytes, Site s)
     if (!cs) return;
     const Thread *t = b.current;
     const int lane = t->tid % 32, w = t->tid / 32;
-    const size_t slot = (std::hash<const void *>()(s.file) ^ (size_t)s.line * 31u ^ (size_t)kind) % SLOTS;
-    const uint32_t occ = cs->occurrences[(size_t)t->tid * SLOTS + slot]++;
-    auto &warp = cs->warps[(size_t)w];
-    const GroupKey key{s.file, s.line, kind, occ};
-    Group &g = warp[key];
-    g.kind = kind;
-    g.site = s;
+    WarpGroups &wg = *cs->warps[(size_t)w];
+    const size_t slot =
+        (std::hash<const void *>()(s.file) ^ (size_t)s.line * 31u ^ (size_t)kind) % SLOTS;
+    const uint32_t occ = wg.occurrences[lane][slot]++;
+    GroupList &groups = wg.groups[slot];
+    if (groups.empty()) wg.touched.push_back((int)slot);
+    while (occ >= groups.size()) { // the first lane here (or one ahead of the others)
+        Group &fresh = groups.grow();
+        fresh.kind = kind, fresh.site = s, fresh.judged = false, fresh.count = 0, fresh.lanes = 0;
+    }
+    Group &g = groups[occ];
     g.addr[lane] = (uintptr_t)p;
     g.bytes[lane] = (uint8_t)bytes;
     g.lanes |= 1u << lane;
     const int lanes_in_warp = std::min(32, b.nthreads - w * 32);
-    if (__builtin_popcount(g.lanes) == lanes_in_warp) {
-        judge(*cs, g);
-        warp.erase(key);
-    }
+    if (++g.count == lanes_in_warp) judge(*cs, g);
 }
 
 void count_ffma_slow()
@@ -146,17 +182,30 @@ void count_ffma_slow()
 void counters_block_begin(Block &b, LaunchCounters *into)
 {
     if (!counting_on) return;
-    b.counters = new CounterState{into, {}, {}};
-    b.counters->warps.resize(b.warps.size());
-    b.counters->occurrences.assign((size_t)b.nthreads * SLOTS, 0);
+    std::unique_ptr<CounterState> &cs = worker_state;
+    if (!cs || cs->nthreads != b.nthreads) {
+        cs.reset(new CounterState);
+        cs->nthreads = b.nthreads;
+        for (size_t w = 0; w < b.warps.size(); ++w) {
+            cs->warps.emplace_back(new WarpGroups);
+            std::memset(cs->warps.back()->occurrences, 0, sizeof cs->warps.back()->occurrences);
+        }
+    }
+    cs->into = into;
+    b.counters = cs.get();
 }
 
 void counters_flush_warp(Block &b, int warp)
 {
     if (!b.counters) return;
-    auto &groups = b.counters->warps[(size_t)warp];
-    for (const auto &g : groups) judge(*b.counters, g.second);
-    groups.clear();
+    WarpGroups &wg = *b.counters->warps[(size_t)warp];
+    for (const int slot : wg.touched) {
+        for (Group &g : wg.groups[slot])
+            if (!g.judged && g.lanes) judge(*b.counters, g);
+        wg.groups[slot].clear();
+        for (int l = 0; l < 32; ++l) wg.occurrences[l][slot] = 0;
+    }
+    wg.touched.clear();
 }
 
 void counters_flush_block(Block &b)
@@ -167,7 +216,6 @@ void counters_flush_block(Block &b)
 void counters_block_end(Block &b)
 {
     counters_flush_block(b);
-    delete b.counters;
     b.counters = nullptr;
 }
 
@@ -180,7 +228,7 @@ void count_ldmatrix(const uintptr_t addr[32], bool trans)
     ++k.requests;
     k.bytes += 512;
     for (int m = 0; m < 4; ++m) {
-        Group g{Kind::ld_shared, Site{}, 0, {}, {}};
+        Group g{Kind::ld_shared, Site{}, false, 0, 0, {}, {}};
         for (int r = 0; r < 8; ++r) g.addr[r] = addr[8 * m + r], g.bytes[r] = 16, g.lanes |= 1u << r;
         k.units += units_of(g);
     }
@@ -294,6 +342,7 @@ void counters_report(const LaunchCounters &c)
     const std::string line = c.json();
     std::lock_guard<std::mutex> lk(report_mu);
     last_report = line;
+    if (!counters_print) return;
     const char *file = std::getenv("RA_EMU_COUNTERS_FILE");
     FILE *f = file && *file ? std::fopen(file, "a") : stderr;
     if (!f) return;

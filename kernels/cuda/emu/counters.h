@@ -61,6 +61,9 @@ void count_barrier();
 void count_shuffle();
 void count_cp_async_commit(int in_flight);
 
+// Whether reports are written (RA_EMU_COUNTERS, RA_EMU_COUNTERS_FILE, ra_emu_counters): tests
+// that turn counting_on themselves read counters_last() instead.
+extern bool counters_print;
 // The launch's JSON line (kernel: its name in the launcher), written where the settings say.
 void counters_report(const LaunchCounters &c);
 // The last report of this process (tests).

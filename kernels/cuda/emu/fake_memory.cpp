@@ -28,7 +28,8 @@ thread_local int current_device = 0;
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     if (!p) return note(cudaErrorInvalidValue);
-    void *m = std::malloc(bytes ? bytes : 1);
+    // 256-byte aligned, as cudaMalloc's (the counters' sectors of a tensor's start)
+    void *m = std::aligned_alloc(256, ((bytes ? bytes : 1) + 255) / 256 * 256);
     if (!m) return note(cudaErrorMemoryAllocation);
     std::memset(m, 0xff, bytes); // fresh device memory reads NaN, as a poisoned test expects
     Guard lk;

@@ -24,7 +24,7 @@ RA_EMU_HOOK void ra_emu_inject_fault() { ra_emu::fail_next_launch_for_test(); }
 
 // The performance counters (counters.h) on or off for later launches (RA_EMU_COUNTERS sets the
 // default), and the last launch's JSON line into buf[cap] (its length; cap 0: only the length).
-RA_EMU_HOOK void ra_emu_counters(int on) { ra_emu::counting_on = on != 0; }
+RA_EMU_HOOK void ra_emu_counters(int on) { ra_emu::counting_on = ra_emu::counters_print = on != 0; }
 RA_EMU_HOOK size_t ra_emu_counters_last(char *buf, size_t cap)
 {
     const std::string s = ra_emu::counters_last();
