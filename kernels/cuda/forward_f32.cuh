@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         }
         __syncthreads(); // the next tiles overwrite sk and sv
     });
+    ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight
     if (!rc.live) return;
     if (!a.last) {
         if (half == 0) a.m[zat] = m, a.l[zat] = l;

@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         }
         __syncthreads(); // the next tiles overwrite sk and sv
     });
+    ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight
 
     RA_UNROLL
     for (int r = 0; r < 2; ++r) {

@@ -104,6 +104,17 @@ __global__ void ra_test_cp_async(const float *in, float *out, int wait)
     if (wait) ra_cp_async_wait<0>();
     __syncthreads();
     for (int i = 0; i < 4; ++i) out[4 * tid + i] = sm[4 * ((tid + 1) % blockDim.x) + i];
+    __syncthreads();
+    ra_cp_async_wait<0>(); // none in flight at the exit (the emulation reports that)
+}
+
+// A thread that exits with its cp.async copies in flight: thread 3 skips the wait.
+__global__ void ra_test_cp_async_exit(const float *in)
+{
+    RA_DYNAMIC_SMEM(float, sm);
+    ra_cp_async16(sm + 4 * threadIdx.x, in + 4 * threadIdx.x, true);
+    ra_cp_async_commit();
+    if (threadIdx.x != 3) ra_cp_async_wait<0>();
 }
 
 // ldmatrix from a row address 8 bytes off alignment.

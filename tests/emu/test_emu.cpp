@@ -180,6 +180,17 @@ TEST_CASE("a thread that returns before a barrier is reported", "[emu]")
     CHECK(has(e, "6-31: __syncthreads at " + site_of("early_barrier")));
 }
 
+TEST_CASE("a thread that exits with cp.async copies in flight fails the launch", "[emu]")
+{
+    std::vector<float> in(128, 1.0f);
+    const std::string e = error_of([&](int &st) {
+        RA_LAUNCH(st, ra_test_cp_async_exit, dim3(1), dim3(32), 128 * sizeof(float), nullptr,
+                  in.data());
+    });
+    INFO(e);
+    CHECK(has(e, "thread 3 exited with 1 cp.async copies in flight"));
+}
+
 TEST_CASE("cp.async lands only at its wait: a missing wait reads poisoned shared memory", "[emu]")
 {
     std::vector<float> in(128);

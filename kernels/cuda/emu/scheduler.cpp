@@ -41,6 +41,11 @@ void thread_main(void *arg)
     Thread *t = static_cast<Thread *>(arg);
     try {
         (*body_of_launch)();
+        // a GPU leaves copies in flight at a thread's exit undefined: the kernel must wait
+        if (!t->copies.empty() && running->error.empty())
+            running->error = "thread " + std::to_string(t->tid) + " exited with " +
+                             std::to_string(t->copies.size()) + " cp.async copies in flight (no "
+                             "cp.async.wait_group covers them before its exit)";
     } catch (const Unwind &) { // its block failed: its frames are unwound
     }
     t->state = State::done;
