@@ -14,7 +14,9 @@
 #error "define BENCH_NAME (the program's name, for messages) before including bench/common.h"
 #endif
 
+#ifndef RINGATTN_BENCH_NO_BLAS /* a build without BLAS (bench/CMakeLists.txt) */
 #include <cblas.h>
+#endif
 #include <math.h>
 #include <ringattn.h>
 #include <stdint.h>
@@ -214,6 +216,7 @@ static inline double dq_error(const reference_t *r, int H, int D, const float *d
 /* "# CPU kernels: <ringattn's element-wise ISA>", "# BLAS: <config> (kernels: <core>)", then, when OpenBLAS chose generic kernels on a CPU with
    AVX2 or AVX-512, `warning`: a printf format of three %s, the kernels, the CPU's ISA and the
    OPENBLAS_CORETYPE that fits it. */
+#ifndef RINGATTN_BENCH_NO_BLAS
 static inline void print_blas(const char *warning) {
     const char *core = openblas_get_corename();
     printf("# CPU kernels: %s\n", ringattn_cpu_kernels());
@@ -227,6 +230,7 @@ static inline void print_blas(const char *warning) {
     if ((generic && (avx2 || avx512)) || half)
         printf(warning, core, avx512 ? "AVX-512" : "AVX2", avx512 ? "SkylakeX" : "Haswell");
 }
+#endif
 
 /* JSON lines go to `path`, or (path NULL) to a temporary file that json_close prints after the
    tables. NULL, after perror, when it cannot be opened. */

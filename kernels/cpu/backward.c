@@ -10,7 +10,7 @@
  * floats, plus O(threads x tile); the prologue's three values per query row and head.
  */
 #include <math.h>
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 #include <string.h>
 
 #include "base/error.h"
@@ -62,6 +62,7 @@ ringattn_status_t ra__cpu_backward_prologue(struct ra_workspace *ws, const ra_ke
                                             const ra_bwd_prologue_io *io)
 {
     const int nt = ra__cpu_threads(p, ws), H = p->num_heads;
+    (void)nt; /* the pragma's: unused in a build without OpenMP */
     const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
     const int64_t tasks = qt.tiles * H;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
@@ -156,6 +157,7 @@ ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kern
                                           const ra_bwd_io *io)
 {
     const int nt = ra__cpu_threads(p, ws), Hk = p->num_kv_heads, J = ws->bwd_ranges;
+    (void)nt; /* the pragma's: unused in a build without OpenMP */
     const ra_bwd_parts parts = {ws->bwd_dk, ws->bwd_dv,    ws->bwd_db,    J,
                                 Hk,         p->head_dim, p->head_dim_v, ws->bwd_db_rows};
     const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);

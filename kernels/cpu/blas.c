@@ -1,6 +1,9 @@
 /* The CPU backend's tile products: BLAS sgemm or the library's own kernels (bf16_gemm.c,
-   f32_gemm.c), and which one runs; OpenBLAS's threads and kernel choice. */
+   f32_gemm.c), and which one runs; OpenBLAS's threads and kernel choice. A build without BLAS
+   (RINGATTN_WITH_BLAS=OFF) takes the own kernels wherever the CPU runs them, else plain loops. */
+#ifdef RINGATTN_HAVE_BLAS
 #include <cblas.h>
+#endif
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +65,26 @@ void ra__cpu_blas_check(void)
     pthread_once(&once, check_kernel);
 }
 
+#ifndef RINGATTN_HAVE_BLAS
+/* C = alpha op(A) op(B) + beta C, row-major, in plain loops (no BLAS in this build). */
+static void plain_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                        float *C, int64_t ldc)
+{
+    for (int i = 0; i < M; ++i) {
+        float *c = C + i * ldc;
+        for (int j = 0; j < N; ++j) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
+        for (int k = 0; k < K; ++k) {
+            const float a = alpha * (trans_a ? A[k * lda + i] : A[i * lda + k]);
+            if (trans_b)
+                for (int j = 0; j < N; ++j) c[j] += a * B[j * ldb + k];
+            else
+                for (int j = 0; j < N; ++j) c[j] += a * B[k * ldb + j];
+        }
+    }
+}
+#endif
+
 void ra__cpu_gemm(ra_thread_ws *w, ra_rounding rounding, int trans_a, int trans_b, int M,
                   int N, int K, float alpha, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc)
@@ -72,9 +95,13 @@ void ra__cpu_gemm(ra_thread_ws *w, ra_rounding rounding, int trans_a, int trans_
     else if (w->f32)
         ra__gemm_f32(w, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
+#ifdef RINGATTN_HAVE_BLAS
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                     trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, (int)lda, B,
                     (int)ldb, beta, C, (int)ldc);
+#else
+        plain_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
 }
 
 /* RINGATTN_CPU_GEMM: "blas" sends every tile product through BLAS sgemm, "own" takes the
@@ -85,6 +112,7 @@ static const char *gemm_choice(void)
     return env ? env : "";
 }
 
+#ifdef RINGATTN_HAVE_BLAS
 /* Whether BLAS runs float32 products below the CPU's AVX-512: OpenBLAS with kernels for an
    older ISA (Prescott on CPUs it does not know, or whatever OPENBLAS_CORETYPE forces).
    Another BLAS, or OpenBLAS's AVX-512 kernels, are kept: as fast as ours or faster. */
@@ -100,6 +128,7 @@ static int blas_below_avx512(void)
 #endif
     return 0;
 }
+#endif
 
 int ra__cpu_bf16_products(ringattn_dtype_t dt)
 {
@@ -111,5 +140,9 @@ int ra__cpu_f32_products(void)
 {
     const char *choice = gemm_choice();
     if (strcmp(choice, "blas") == 0 || !ra__gemm_f32_supported()) return 0;
+#ifdef RINGATTN_HAVE_BLAS
     return strcmp(choice, "own") == 0 || blas_below_avx512();
+#else
+    return 1; /* no BLAS: the own kernels wherever they run, plain loops elsewhere */
+#endif
 }

@@ -5,7 +5,7 @@
  * the thread count or timing.
  */
 #include <math.h>
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 
 #include "base/error.h"
 #include "base/host_stream.h"
@@ -148,6 +148,7 @@ ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kerne
                                          const ra_fwd_io *io)
 {
     const int nt = ra__cpu_threads(p, ws);
+    (void)nt; /* the pragma's: unused in a build without OpenMP */
     const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
     const int H = p->num_heads;
     const int64_t tasks = qt.tiles * H;

@@ -6,7 +6,7 @@
  * of its rows; its dK, dV (and dBias) go into its own partial slot (backward.h), which the
  * call sums over the ranges in range order afterwards.
  */
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 #include <string.h>
 
 #include "base/host_stream.h"

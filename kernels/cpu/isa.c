@@ -23,12 +23,23 @@ static const char *element_loops(void)
 
 static char kernels[200];
 
+#ifdef RINGATTN_HAVE_BLAS
+#define RA_FALLBACK_PRODUCTS "BLAS sgemm"
+#else
+#define RA_FALLBACK_PRODUCTS "plain loops (a build without BLAS)"
+#endif
+
 static void describe(void)
 {
     const int own = ra__cpu_f32_products(), bf16 = ra__cpu_bf16_products(RINGATTN_BFLOAT16);
-    snprintf(kernels, sizeof kernels, "%s; tile products: float32 %s, bfloat16 %s",
-             element_loops(), own ? "AVX-512 (ringattn's)" : "BLAS sgemm",
-             bf16 ? "AVX512-BF16" : "as float32");
+    snprintf(kernels, sizeof kernels, "%s; tile products: float32 %s, bfloat16 %s%s",
+             element_loops(), own ? "AVX-512 (ringattn's)" : RA_FALLBACK_PRODUCTS,
+             bf16 ? "AVX512-BF16" : "as float32",
+#ifdef _OPENMP
+             "");
+#else
+             "; one thread (a build without OpenMP)");
+#endif
 }
 
 const char *ringattn_cpu_kernels(void)

@@ -3,7 +3,7 @@
  * are host memory and every operation on them runs on the calling thread, in call order.
  */
 #include <math.h>
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 #include <stdlib.h>
 #include <string.h>
 

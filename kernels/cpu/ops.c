@@ -1,5 +1,5 @@
 /* The CPU backend's entry in the backend table (kernels/backend.h). */
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 
 #include "kernels/cpu/cpu.h"
 

@@ -5,7 +5,7 @@
  * (backward.h), made by the plan's first backward call (issue 28: at T = 32K they were 130 MiB
  * of a forward-only plan).
  */
-#include <omp.h>
+#include "kernels/cpu/threads.h"
 #include <stdlib.h>
 
 #include "base/error.h"

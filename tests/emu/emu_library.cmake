@@ -18,11 +18,12 @@ add_library(ringattn_emu SHARED ${ra_emu_c_sources} ${ra_emu_nccl_sources} ${ra_
 target_include_directories(ringattn_emu BEFORE PRIVATE ${PROJECT_SOURCE_DIR}/kernels/cuda/emu/nccl)
 target_include_directories(ringattn_emu PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include
                                                 ${RINGATTN_CBLAS_INCLUDE})
-target_compile_definitions(ringattn_emu PRIVATE RINGATTN_BUILDING RINGATTN_HAVE_CUDA RINGATTN_HAVE_NCCL)
+target_compile_definitions(ringattn_emu PRIVATE RINGATTN_BUILDING RINGATTN_HAVE_CUDA RINGATTN_HAVE_NCCL
+  _POSIX_C_SOURCE=200809L)
 target_compile_options(ringattn_emu PRIVATE
   $<$<COMPILE_LANGUAGE:C>:${RINGATTN_WARNINGS} -ffp-contract=fast $<$<BOOL:${RINGATTN_NATIVE}>:-march=native>>
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
-target_link_libraries(ringattn_emu PRIVATE OpenMP::OpenMP_C BLAS::BLAS Threads::Threads m)
+target_link_libraries(ringattn_emu PRIVATE ra_cpu_deps Threads::Threads m)
 if(RINGATTN_ENABLE_MPI)
   target_link_libraries(ringattn_emu PRIVATE MPI::MPI_C)
   target_compile_definitions(ringattn_emu PRIVATE RINGATTN_HAVE_MPI)
