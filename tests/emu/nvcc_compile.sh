@@ -36,7 +36,3 @@ for arch in sm_80 sm_90; do
         sed -E "s/.*function '([^']*)'.*Used ([0-9]+) registers.*/  \1: \2 registers/"
     echo "nvcc_compile: $arch: compiled, no spills, PTX has mma/ldmatrix/cp.async"
 done
-# the H200 check's program (bench/gpu/fwd_tile_gpu.cu) builds too, so that it never goes stale
-nvcc -std=c++17 -O3 -arch=sm_90 -I"$src" -I"$src/include" "$src/bench/gpu/fwd_tile_gpu.cu" \
-     -o "$work/fwd_tile_gpu"
-echo "nvcc_compile: bench/gpu/fwd_tile_gpu.cu builds for sm_90"
