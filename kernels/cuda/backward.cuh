@@ -191,8 +191,11 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
                         const ra_smem<float> x = is_v ? s.dout + (c - d) : s.q + c;
                         const int ld = is_v ? dv : d;
                         float sum = 0.0f;
-                        for (int i = 0; i < (int)qs.count; ++i)
-                            sum = ra_fma(w[i * t + j_own], x[i * ld], sum);
+                        for (int i = 0; i < (int)qs.count; ++i) { // a load per line (counters)
+                            const float wi = w[i * t + j_own];
+                            const float xi = x[i * ld];
+                            sum = ra_fma(wi, xi, sum);
+                        }
                         if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
                         else s.acc0[j_own * d + c] += a.f.scale * sum;
                     }
@@ -251,7 +254,11 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
             // dQ_i += scale sum_j dZ_ij k_j
             for (int c = part; c < d; c += per_row) {
                 float sum = 0.0f;
-                for (int j = 0; j < kt.count; ++j) sum = ra_fma(s.dz[i_own * t + j], s.k[j * d + c], sum);
+                for (int j = 0; j < kt.count; ++j) {
+                    const float dz = s.dz[i_own * t + j];
+                    const float kj = s.k[j * d + c];
+                    sum = ra_fma(dz, kj, sum);
+                }
                 s.acc0[i_own * d + c] += a.f.scale * sum;
             }
             __syncthreads(); // the next key tile overwrites the tiles

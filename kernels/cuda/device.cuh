@@ -133,7 +133,7 @@ inline void ra_count_global_store(const void *p, unsigned bytes, RA_EMU_SITE_PAR
 }
 inline float ra_fma(float a, float b, float c)
 {
-    if (ra_emu::counting_on) ra_emu::count_ffma_slow();
+    ra_emu::count_ffma();
     return std::fma(a, b, c);
 }
 

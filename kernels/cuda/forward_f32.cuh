@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
                 if (p == 0.0f) continue; // masked keys are skipped, never multiplied
                 sum += p;
                 RA_UNROLL
-                for (int c = 0; c < HALF; ++c) acc[c] += p * sv[j * DV + c0 + c];
+                for (int c = 0; c < HALF; ++c) acc[c] = ra_fma(p, sv[j * DV + c0 + c], acc[c]);
             }
             l = alpha * l + sum;
         }

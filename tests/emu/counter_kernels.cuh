@@ -26,6 +26,29 @@ __global__ void ra_count_global_loads(const float *in, float *out, int stride)
     out[l] = in[l * stride];
 }
 
+// A loop (the counters log each lane's accesses as runs of one stride): for i in [0, n) lane l
+// loads global float l + i (a window sliding by 4 bytes: 4 sectors where it starts on a
+// 32-byte boundary, 5 elsewhere) and shared float (l * shared_stride + i * 32) % 1024 (each
+// iteration the same banks: shared_stride 1 is conflict-free, 32 a 32-way conflict). With
+// split, odd lanes step their shared index by 64 instead of 32 (two strides: each request on
+// its own), and the upper half of the warp stops after n / 2 iterations.
+__global__ void ra_count_loops(const float *in, float *out, int n, int shared_stride, int split)
+{
+    RA_DYNAMIC_SMEM(float, sm);
+    const int l = (int)threadIdx.x;
+    for (int i = l; i < 1024; i += 32) sm[i] = (float)i;
+    __syncwarp();
+    const int step = split && l % 2 ? 64 : 32, last = split && l >= 16 ? n / 2 : n;
+    float sum = 0.0f;
+    for (int i = 0; i < last; ++i) {
+        ra_count_global_load(in + l + i, 4);
+        const float g = in[l + i];
+        const float s = sm[(l * shared_stride + i * step) % 1024];
+        sum += g * s;
+    }
+    out[l] = sum;
+}
+
 // One mma.m16n8k16 of A = 1 (or 0: a padding tile) and B = 1, then two shuffles, a barrier and
 // two cp.async groups in flight.
 __global__ void ra_count_mma(int a_zero, float *out)

@@ -74,6 +74,44 @@ TEST_CASE("counters: global loads in 32-byte sectors (coalesced, scattered)", "[
     }
 }
 
+TEST_CASE("counters: loops (each lane's accesses as runs) judged request by request", "[emu][counters]")
+{
+    alignas(128) static float in[32 + 64];
+    std::vector<float> out(32);
+    const int n = 16;
+    // global: request i starts at byte 4 i, on a sector boundary for i % 8 == 0
+    long long sectors = 0;
+    for (int i = 0; i < n; ++i) sectors += i % 8 ? 5 : 4;
+    for (const int stride : {1, 32}) {
+        const std::string j = counted([&](int &st) {
+            RA_LAUNCH(st, ra_count_loops, dim3(1), dim3(32), 4096, nullptr, in, out.data(), n,
+                      stride, 0);
+        });
+        INFO("shared stride " << stride << ": " << j);
+        CHECK(field(j, "gmem_requests") == n);
+        CHECK(field(j, "gmem_sectors") == sectors);
+        CHECK(field(j, "gmem_bytes") == 128 * n);
+        CHECK(field(j, "ld.shared.b32\":{\"requests") == n);
+        CHECK(field(j, "ld.shared.b32\":{\"requests\":16,\"wavefronts") == (stride == 1 ? n : 32 * n));
+    }
+    // two strides in one warp, and lanes 16-31 stopping half way: requests 0-7 of all 32 lanes,
+    // 8-15 of lanes 0-15 only; even lanes step by 32 floats (one bank), odd ones by 64 (the
+    // same bank too), so lanes l and l' meet on one bank only where l = l' (stride 1): 1
+    // wavefront each; the global window of the upper lanes' last 8 requests is absent
+    const std::string j = counted([&](int &st) {
+        RA_LAUNCH(st, ra_count_loops, dim3(1), dim3(32), 4096, nullptr, in, out.data(), n, 1, 1);
+    });
+    INFO(j);
+    long long half_sectors = 0; // lanes 0-15 at bytes 4 i .. 4 i + 63
+    for (int i = n / 2; i < n; ++i) half_sectors += i % 8 ? 3 : 2;
+    long long full_sectors = 0;
+    for (int i = 0; i < n / 2; ++i) full_sectors += i % 8 ? 5 : 4;
+    CHECK(field(j, "gmem_requests") == n);
+    CHECK(field(j, "gmem_sectors") == full_sectors + half_sectors);
+    CHECK(field(j, "gmem_bytes") == 128 * (n / 2) + 64 * (n / 2));
+    CHECK(field(j, "ld.shared.b32\":{\"requests\":16,\"wavefronts") == n);
+}
+
 TEST_CASE("counters: useful and wasted mma, shuffles, barriers, cp.async groups", "[emu][counters]")
 {
     std::vector<float> out(128, 1.0f);

@@ -1,8 +1,8 @@
 // Performance counters of the SIMT emulation (issue 29): per kernel launch, what Nsight Compute
 // reports for the same code. A warp's lanes run one after another between its collectives, so
-// an access instruction is found again by its call site and the lane's count of accesses at that
-// site: the k-th access of every lane at a site is one warp-wide request, judged when every live
-// lane of the warp has made it (or at the warp's next collective, a barrier, or the block's end).
+// each lane's accesses are logged per call site, and the k-th access of every lane at a site is
+// one warp-wide request, judged at the warp's next full-mask collective, a barrier, or the
+// block's end.
 // Shared memory: 32 banks of 4 bytes, a request needs as many wavefronts as its most-used bank
 // has distinct words (one word read by several lanes is a broadcast); global memory: 32-byte
 // sectors. Off unless RA_EMU_COUNTERS=1 (a JSON line per launch on stderr) or
@@ -53,6 +53,8 @@ void counters_block_end(Block &b);
 // The warp's requests in progress judged with the lanes they have (a collective or a barrier).
 void counters_flush_warp(Block &b, int warp);
 void counters_flush_block(Block &b);
+// The log of the block's thread tid while counting (lane_log, cuda_emu.h), else null.
+LaneLog *counters_lane(Block &b, int tid);
 
 // Called by the emulation where it sees the instruction.
 void count_ldmatrix(const uintptr_t addr[32], bool trans);

@@ -74,12 +74,51 @@ size_t dynamic_smem_bytes();
 // one, counted only while counting is on (a plain flag, set between launches).
 enum class Kind : uint8_t { ld_shared, st_shared, ld_global, st_global, cp_async, ldmatrix, ldmatrix_trans };
 extern bool counting_on;
-void count_access_slow(Kind k, const void *p, unsigned bytes, Site s);
+// The SIMT kernels make hundreds of millions of accesses, a few instructions each: an access
+// that continues its lane's current run at its site (the same stride) is counted inline, with
+// no call (the run's count in the site's log, counters.cpp); any other goes to
+// count_access_slow, which starts a run and points the lane's slot here at it.
+struct LaneRun {
+    uint64_t key = 0;   // lane_run_key: the site's line, kind and width
+    const char *file = nullptr;
+    uint32_t count = 0; // the run's accesses so far (written back to *owner when it ends)
+    uintptr_t next = 0; // the address that continues the run (0: none, a flush ended it)
+    intptr_t stride = 0;
+    uint32_t *owner = nullptr;
+};
+struct LaneLog {
+    uint64_t live = 0; // which runs[] are valid
+    uint64_t ffma = 0;
+    LaneRun runs[64];
+};
+inline unsigned lane_run_slot(Kind k, Site s) { return ((unsigned)s.line ^ (unsigned)k << 4) % 64; }
+inline uint64_t lane_run_key(Kind k, unsigned bytes, Site s)
+{
+    return (uint64_t)(uint32_t)s.line | (uint64_t)k << 32 | (uint64_t)bytes << 40;
+}
+// The running lane's log while counting, else null. Initial-exec: one instruction to read (the
+// emulated library is tiny in static TLS; the kernels' __shared__ arrays are not).
+extern thread_local LaneLog *lane_log __attribute__((tls_model("initial-exec")));
+void count_access_slow(LaneLog &lane, Kind k, const void *p, unsigned bytes, Site s);
 inline void count_access(Kind k, const void *p, unsigned bytes, Site s)
 {
-    if (counting_on) count_access_slow(k, p, bytes, s);
+    if (__builtin_expect(!counting_on, 1)) return; // a plain flag: off costs a test
+    LaneLog *lane = lane_log;
+    if (!lane) return;
+    LaneRun &r = lane->runs[lane_run_slot(k, s)];
+    if (__builtin_expect(r.next == (uintptr_t)p && r.key == lane_run_key(k, bytes, s) &&
+                             r.file == s.file, 1)) {
+        ++r.count;
+        r.next += (uintptr_t)r.stride;
+        return;
+    }
+    count_access_slow(*lane, k, p, bytes, s);
 }
-void count_ffma_slow();
+inline void count_ffma()
+{
+    if (counting_on)
+        if (LaneLog *lane = lane_log) ++lane->ffma;
+}
 
 // Deferred cp.async (16 bytes): the source bytes are read now (zeros when pred is false) and
 // land in dst at the wait that covers their group.

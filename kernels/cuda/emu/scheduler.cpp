@@ -112,6 +112,7 @@ void resume(Block &b, Thread &t)
 {
     const int i = t.tid;
     b.current = &t;
+    lane_log = counters_lane(b, i);
     threadIdx = uint3{(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
                       (unsigned)(i / (blockDim.x * blockDim.y))};
     fiber_from_scheduler(t.fiber);
@@ -272,6 +273,7 @@ void work(LaunchShared &L)
         ok = fiber_alloc(b.threads[i].fiber, stack_bytes());
     }
     Block *outer = running;
+    LaneLog *const outer_lane = lane_log;
     const Policy outer_policy = chosen;
     const uint64_t outer_seed = rng_state;
     running = &b;
@@ -305,6 +307,7 @@ void work(LaunchShared &L)
         L.counters.add(mine);
     }
     running = outer;
+    lane_log = outer_lane;
     chosen = outer_policy;
     rng_state = outer_seed;
     for (Thread &t : b.threads) fiber_free(t.fiber);
