@@ -3,11 +3,9 @@
  * and in-process users). Messages are matched like MPI's (source, tag) and copied straight
  * from the sender's buffer, which the sender keeps until its wait returns. Every wait has a
  * deadline of no progress for RINGATTN_COMM_TIMEOUT seconds (default 60): a rank that never
- * answers is an error, not a hang. A failure on one rank fails the hub, so that every rank's
- * waits end at once (comm.h). A device comm (ringattn_comm_create_threads_device) keeps the
- * same matching and deadlines, but its messages are device memory, copied on the device in
- * stream order (comm/threads_device.c).
- */
+ * answers is an error, not a hang. A failure on one rank fails the hub: every rank's waits end
+ * at once (comm.h). A device comm (comm/threads_device.c) keeps the same matching and
+ * deadlines; its messages are device memory, copied on the device in stream order. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,9 +87,8 @@ static void th_poll(void *ctx)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* Gives up an exchange, lock held: its posts are withdrawn (their buffers go back to the
-   sender), its receives dropped. Returns the first peer it was still waiting for: one it had
-   to receive from, else one that had not taken this rank's message yet. */
+/* Gives up an exchange, lock held: its posts withdrawn (their buffers back to the sender), its
+   receives dropped. Returns a peer it still waited for: to receive from, else to take a post. */
 static int give_up_locked(hub *h, ra_exchange *x)
 {
     int from = -1;
@@ -99,7 +96,7 @@ static int give_up_locked(hub *h, ra_exchange *x)
         if (x->recv[i].bytes && from < 0) from = x->recv[i].peer;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         post *mine = &state_of(x)->posts[i];
-        if (mine->live && from < 0) from = mine->dst; /* read before unlink_post clears it */
+        from = mine->live && from < 0 ? mine->dst : from; /* read before unlink_post clears it */
         if (mine->live) unlink_post(h, mine);
         x->recv[i].bytes = 0;
     }

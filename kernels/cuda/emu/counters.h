@@ -25,6 +25,7 @@ struct Thread;
 
 // The kinds of request (Kind, cuda_emu.h) and their widths (bytes per lane: 1, 2, 4, 8, 16).
 constexpr int KINDS = 7, WIDTHS = 5;
+inline bool is_shared(Kind k) { return k != Kind::ld_global && k != Kind::st_global; }
 
 struct KindCount {
     uint64_t requests = 0;
