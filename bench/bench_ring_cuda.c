@@ -27,7 +27,7 @@
  * rank that needs it; in the backward, its float32 dK/dV sums back from each).
  * Each ring's O (forward), dQ and dK (backward) of sampled rows are compared with the single-rank
  * plan's (normwise relative; float32 1e-5 / 1e-4, bfloat16 1e-2 / 2e-2): wrong = 1 above, and
- * any wrong result makes the exit status 1. Against the emulated library (tests/emu) it proves
+ * any wrong result makes the exit status 1. Against the emulated library (build/emu) it proves
  * the path in CI at tiny sizes, not the speed.
  */
 #define _GNU_SOURCE

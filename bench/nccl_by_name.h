@@ -1,7 +1,7 @@
 /*
  * NCCL and ringattn's NCCL constructor for bench_ring_cuda's --transport nccl, found by name in
  * the library under test (a CUDA build with RINGATTN_ENABLE_NCCL links libnccl; the emulated
- * library of tests/emu exports its fake NCCL), so that the benchmark builds without NCCL's header
+ * library of build/emu exports its fake NCCL), so that the benchmark builds without NCCL's header
  * and runs on every build. The raw NCCL calls time the exchange alone. Header-only; bench/ only.
  */
 #ifndef RINGATTN_BENCH_NCCL_BY_NAME_H

@@ -1,7 +1,6 @@
 /*
- * Transport-independent comm entry points: rank/size queries, destruction, and what every
- * transport shares -- the call agreement, tags, deadlines and the failed state (comm.h, DESIGN:
- * failure semantics).
+ * What every transport shares -- destruction, the call agreement, tags, deadlines and the failed
+ * state (comm.h, DESIGN: failure semantics).
  */
 #include <stdatomic.h>
 #include <stdint.h>
@@ -21,28 +20,11 @@
  */
 static _Atomic unsigned long refused_calls;
 
-ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size)
+int ra__comm_destroy(ringattn_comm_t comm)
 {
-    RA_CHECK(comm && ra__registry_contains(comm), RINGATTN_ERR_INVALID_USAGE,
-             "ringattn_comm_rank: comm: got %p, expected a live communicator", (void *)comm);
-    RA_CHECK(rank && size, RINGATTN_ERR_INVALID_ARGUMENT,
-             "ringattn_comm_rank: rank/size: got NULL, expected pointers");
-    *rank = comm->rank;
-    *size = comm->size;
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm)
-{
-    if (comm == NULL) return RINGATTN_SUCCESS;
-    RA_CHECK(ra__registry_remove(comm), RINGATTN_ERR_INVALID_USAGE,
-             "ringattn_comm_destroy: comm: got %p, expected a live communicator (destroyed "
-             "twice?)",
-             (void *)comm);
+    if (!comm || !ra__registry_remove(comm)) return 0;
     comm->ops->destroy(comm);
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
+    return 1;
 }
 
 double ra__comm_timeout_s(void)

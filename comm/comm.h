@@ -121,10 +121,13 @@ ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks,
                                           ringattn_comm_t *comms);
 
 /* A comm over the caller's transport table (comm/custom.c; arguments checked by
-   ring/comm_custom.c): the table is copied. */
+   api/comms.c): the table is copied. */
 struct ringattn_transport;
 ringattn_status_t ra__comm_create_custom(const char *fn, const struct ringattn_transport *transport,
                                          int rank, int size, ringattn_comm_t *comm);
+
+/* Destroys a live comm and returns 1; 0 (nothing done) when comm is NULL or not live. */
+int ra__comm_destroy(ringattn_comm_t comm);
 
 /* Seconds without progress before a wait is an error (RINGATTN_COMM_TIMEOUT, default 60). */
 double ra__comm_timeout_s(void);

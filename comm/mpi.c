@@ -247,11 +247,6 @@ ringattn_status_t ra__mpi_check_running(const char *fn)
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t ringattn_comm_create_mpi(MPI_Comm mpi_comm, ringattn_comm_t *comm)
-{
-    return ra__comm_create_mpi("ringattn_comm_create_mpi", mpi_comm, comm);
-}
-
 ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringattn_comm_t *comm)
 {
     RA_CHECK(comm != NULL, RINGATTN_ERR_INVALID_ARGUMENT,

@@ -1,6 +1,7 @@
 /*
- * The NCCL transport (CUDA.md section 3): ring attention across GPUs on a NCCL communicator,
- * the caller's (borrowed: never destroyed, never aborted) or one ringattn made from a unique id.
+ * The NCCL transport (DESIGN: the NCCL transport): ring attention across GPUs on a NCCL
+ * communicator, the caller's (borrowed: never destroyed, never aborted) or one ringattn made from
+ * a unique id.
  *
  * Data plane, without a host wait: an exchange records `ready` on the call's stream (the data is
  * written, the receive buffers are no longer read), the transport's own stream (non-blocking,

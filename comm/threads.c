@@ -392,8 +392,3 @@ ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks, const r
     free(made);
     return RINGATTN_SUCCESS;
 }
-
-ringattn_status_t ringattn_comm_create_threads(int num_ranks, ringattn_comm_t *comms)
-{
-    return ra__comm_create_threads("ringattn_comm_create_threads", num_ranks, NULL, -1, comms);
-}

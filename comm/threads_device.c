@@ -1,7 +1,7 @@
 /*
- * The threads transport on device memory (CUDA.md section 3): ranks as threads of one process,
- * each with its compute stream (the plan's: the caller's) and a comm stream of its own on one
- * device. A message is a device-to-device copy on the sender's comm stream, queued when the
+ * The threads transport on device memory (DESIGN: the ring on CUDA): ranks as threads of one
+ * process, each with its compute stream (the plan's: the caller's) and a comm stream of its own
+ * on one device. A message is a device-to-device copy on the sender's comm stream, queued when the
  * receiver matches it, after two events: the sender's `ready` (recorded on its compute stream
  * at the exchange's start: the data is written) and the receiver's (its receive buffer is no
  * longer read). The copy records `sent` and `received`; at the exchange's wait each compute

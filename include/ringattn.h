@@ -49,7 +49,11 @@ typedef enum ringattn_status {
     RINGATTN_ERR_INTERNAL
 } ringattn_status_t;
 
+/* The status in words ("invalid argument") and its enumerator's name
+   ("RINGATTN_ERR_INVALID_ARGUMENT"); for a value that is no status, "unknown status" and
+   "RINGATTN_STATUS_UNKNOWN". */
 RINGATTN_API const char *ringattn_status_string(ringattn_status_t status);
+RINGATTN_API const char *ringattn_status_name(ringattn_status_t status);
 /* Message of the last failure on the calling thread ("" if none). Valid until the next call. */
 RINGATTN_API const char *ringattn_last_error(void);
 RINGATTN_API int ringattn_version(void);

@@ -1,7 +1,7 @@
 /*
  * A shard: the tokens one rank holds, as segments (a span of one sequence plus the local row
  * where it starts), sorted by sequence. The single-rank plan's queries and keys are shards of
- * one segment per sequence; ring/plan/layout.c makes them (SPEC 8). Internal.
+ * one segment per sequence; plan/layout.c makes them (SPEC 8). Internal.
  */
 #ifndef RINGATTN_MASKS_SHARD_H
 #define RINGATTN_MASKS_SHARD_H

@@ -1,13 +1,13 @@
 /*
- * The KV cache driver (ring/plan/cache.h): every query against this rank's cache slots in place
+ * The KV cache driver (plan/cache.h): every query against this rank's cache slots in place
  * (and, on the last rank, the new tokens' K/V), one float32 partial, the partials' gather
  * around the ring and their SPEC 5 merge, in rank order, on every rank. No K/V moves.
  */
 #include "base/error.h"
 #include "comm/comm.h"
-#include "ring/plan/buffers.h"
-#include "ring/plan/cache.h"
-#include "ring/plan/select.h"
+#include "plan/buffers.h"
+#include "plan/cache.h"
+#include "plan/select.h"
 #include "ring/ring.h"
 
 /* A shard's bias ([H_b, its rows] at src) into the selection's input, in key order over every
@@ -26,7 +26,7 @@ static void bias_to_keys(const struct ringattn_plan *p, const ra_shard *sh, cons
 
 /*
  * SPEC 6 over the whole cache: every rank's bias (gathered on the control plane; the local and
- * new tokens' are on the host already, checked by ring/api.c) ranks the keys of each sequence,
+ * new tokens' are on the host already, checked by api/calls.c) ranks the keys of each sequence,
  * and the thresholds of every query reach the kernels. Collective with a comm.
  */
 static ringattn_status_t select_over_cache(struct ringattn_plan *p, ra_thresholds *thr)

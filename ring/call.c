@@ -6,8 +6,8 @@
 #include "base/error.h"
 #include "comm/comm.h"
 #include "ring/call.h"
-#include "ring/plan/agree.h"
-#include "ring/plan/buffers.h"
+#include "plan/agree.h"
+#include "plan/buffers.h"
 
 /* A non-negative float (or NaN) as an int64 that orders like it: its bits. */
 static int64_t float_order(float f)

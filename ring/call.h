@@ -6,9 +6,9 @@
 #define RINGATTN_RING_CALL_H
 
 #include "base/view.h"
-#include "ring/plan/plan.h"
+#include "plan/plan.h"
 
-/* The checked tensors of one call (ring/api.c). */
+/* The checked tensors of one call (api/calls.c). */
 typedef struct ra_args {
     ra_view q, k, v, o, dout, dq, dk, dv;
     float *lse;            /* [num_heads, T_q] */

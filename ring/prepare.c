@@ -8,8 +8,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "comm/comm.h"
-#include "ring/plan/buffers.h"
-#include "ring/plan/select.h"
+#include "plan/buffers.h"
+#include "plan/select.h"
 #include "ring/ring.h"
 
 /* Every shard's bias into b->host_bias (shard after shard), then into the backend's copy. */
@@ -82,7 +82,7 @@ ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, in
     ra_thresholds thr = {NULL, NULL, NULL};
     *out = (ra_prepared){NULL, NULL, NULL, b->run, 0};
     if (p->kp.bias_heads) {
-        /* the local bias is in b->host_own_bias already: ring/api.c checked it there */
+        /* the local bias is in b->host_own_bias already: api/calls.c checked it there */
         if (ring) RA_TRY(gather_bias(p, b));
         out->bias = ring ? b->bias : c->a.key_bias;
     }

@@ -8,7 +8,7 @@
  */
 #include "base/error.h"
 #include "comm/comm.h"
-#include "ring/plan/buffers.h"
+#include "plan/buffers.h"
 #include "ring/ring.h"
 #include "ring/ring_steps.h"
 

@@ -7,8 +7,8 @@
 #define RINGATTN_RING_RING_H
 
 #include "ring/call.h"
-#include "ring/plan/plan.h"
-#include "ring/plan/schedule.h"
+#include "plan/plan.h"
+#include "plan/schedule.h"
 
 /* O, LSE of the local queries over every rank's keys (one step when single-rank). */
 ringattn_status_t ra__ring_forward(struct ringattn_plan *p, const ra_call *c);

@@ -5,7 +5,7 @@
 #include "comm/comm.h"
 #include "ring/ring.h"
 
-/* This rank's K and V, packed into the first exchange buffer (ring/plan/buffers.h). */
+/* This rank's K and V, packed into the first exchange buffer (plan/buffers.h). */
 ringattn_status_t ra__ring_pack_own(struct ringattn_plan *p, const ra_call *c);
 
 /* The messages that pass the shard held at step t on to rank r + 1 (from buf, if it travels

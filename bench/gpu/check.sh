@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 check (CUDA.md section 4; bench/gpu/README.md has the device command): one run within
+# The H200 check (DESIGN: CUDA: performance without a GPU; bench/gpu/README.md has the device command): one run within
 # one deadline, its stages in the order of what they are worth:
 #   1 environment       GPU, driver, nvcc, PyTorch, NCCL, cuDNN, ncu, compute-sanitizer
 #   2 build             the library for sm_90 as the H200 image allows it (no OpenBLAS, OpenMP or

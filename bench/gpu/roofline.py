@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A roofline ESTIMATE, not a measurement, of the CUDA kernels on an H100 SXM and an H200.
 
-It reads the emulation's counters (kernels/cuda/emu/counters.h) of one forward and one backward
+It reads the emulation's counters (emu/counters.h) of one forward and one backward
 call of bench_local --backend cuda on the emulated library, at two small lengths and one head,
 fits each counter per mask as a * pairs(T) + b * T (pairs: the query-key pairs the mask keeps,
 T: the per-row work), and extrapolates to the target lengths and heads. For each device it then
@@ -22,7 +22,7 @@ of measured to estimated time is the model's error; record it in CALIBRATION bel
 usage: roofline.py [--bench PATH] [--lib-dir DIR] [--seqs 512,1024] [--dim 128] [--heads 16]
                    [--targets 8192,16384] [--save FILE.jsonl] [--from FILE.jsonl]
   --bench, --lib-dir: bench_local and the emulated libringattn (default: build/bench,
-  build/tests/emu); --save writes the counters it collected, --from reads such a file instead
+  build/emu); --save writes the counters it collected, --from reads such a file instead
   of running the emulation (bench/testdata/roofline_counters.jsonl: CI's run of this script).
 """
 import json
@@ -112,7 +112,7 @@ def times(counts, dev, warps, tensor_bytes):
 
 
 def main(argv):
-    opt = dict(bench="build/bench/bench_local", lib="build/tests/emu", seqs="512,1024", dim="128",
+    opt = dict(bench="build/bench/bench_local", lib="build/emu", seqs="512,1024", dim="128",
                heads="16", targets="8192,16384", save=None, src=None)
     keys = {"--bench": "bench", "--lib-dir": "lib", "--seqs": "seqs", "--dim": "dim",
             "--heads": "heads", "--targets": "targets", "--save": "save", "--from": "src"}

@@ -1,6 +1,6 @@
 /*
  * example_cuda.h: the CUDA runtime calls the examples' and benchmarks' --backend cuda make,
- * found by name in the runtime the library under test brings (the emulated library of tests/emu
+ * found by name in the runtime the library under test brings (the emulated library of build/emu
  * exports its fake one) or the program links (CUDA builds). So one C program serves a CPU-only
  * build (it says --backend cuda is not available), a CUDA build on a GPU, and the emulation in
  * CI. A program of your own would call the runtime directly. Header-only.
@@ -39,7 +39,7 @@ static inline int cuda_memory_load(cuda_memory_t *m, const char *who) {
         m->stream_destroy && m->device_count && m->set_device)
         return 0;
     fprintf(stderr, "%s: --backend cuda: no CUDA runtime is loaded (a library built with "
-                    "RINGATTN_ENABLE_CUDA=ON, or the emulated one of tests/emu)\n", who);
+                    "RINGATTN_ENABLE_CUDA=ON, or the emulated one of build/emu)\n", who);
     return 1;
 }
 

@@ -1,11 +1,10 @@
-// The backward kernels (SPEC 7, CUDA.md section 1): two deterministic passes, as on the CPU, so
-// that repeated runs are bitwise identical (SPEC 9) with no atomics:
-//   key pass:   one block per (key tile, kv heads) sums dK, dV (and dBias, the column sums of
-//               dS) over every query head of the GQA group and every query tile that sees it;
-//   query pass: one block per (64-row query tile, head) sums dQ over the key tiles it sees;
-// and a prologue of D_i = rowsum(dO * O) and P's shift and scale once per call (SPEC 9: LSE, or
-// the recomputed max and 1 / sum of a row whose LSE is lossy). Every output element has one
-// owner thread that sums in a fixed order.
+// The backward kernels (SPEC 7, DESIGN: CUDA: the backend): two deterministic passes, as on the
+// CPU, so that repeated runs are bitwise identical (SPEC 9) with no atomics: key pass:   one block
+// per (key tile, kv heads) sums dK, dV (and dBias, the column sums of dS) over every query head of
+// the GQA group and every query tile that sees it; query pass: one block per (64-row query tile,
+// head) sums dQ over the key tiles it sees; and a prologue of D_i = rowsum(dO * O) and P's shift
+// and scale once per call (SPEC 9: LSE, or the recomputed max and 1 / sum of a row whose LSE is
+// lossy). Every output element has one owner thread that sums in a fixed order.
 //
 // SIMT FFMA in float32 for every storage dtype, head dims at run time: each thread of a tile
 // pair computes whole dot products in column order, then each accumulator element is owned by

@@ -1,8 +1,8 @@
-// The wrapper header (CUDA.md section 1): every tensor-core and async-copy instruction, dynamic
-// shared memory and the kernel launch, for both builds of one kernel source. Under nvcc: inline
-// PTX (sm_80+). Under g++: the SIMT emulation (kernels/cuda/emu/cuda_emu.h), where each is a
-// warp collective or a deferred copy. This file, the emulation and nothing else may test
-// __CUDACC__ or __CUDA_ARCH__ (a test greps for it).
+// The wrapper header (DESIGN: CUDA: the backend): every tensor-core and async-copy instruction,
+// dynamic shared memory and the kernel launch, for both builds of one kernel source. Under nvcc:
+// inline PTX (sm_80+). Under g++: the SIMT emulation (emu/cuda_emu.h), where each is a warp
+// collective or a deferred copy. This file, the emulation and nothing else may test __CUDACC__ or
+// __CUDA_ARCH__ (a test greps for it).
 #pragma once
 
 #include <cstdint>
@@ -103,8 +103,8 @@ template <int keep> __device__ __forceinline__ void ra_cp_async_wait()
 inline const char *ra_device_error_detail() { return ""; }
 
 #else // the SIMT emulation
-#include "kernels/cuda/emu/counted.h"
-#include "kernels/cuda/emu/cuda_emu.h"
+#include "emu/counted.h"
+#include "emu/cuda_emu.h"
 #include "base/dtype.h"
 
 #define RA_UNROLL

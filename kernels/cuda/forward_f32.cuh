@@ -1,12 +1,11 @@
-// The forward kernel for float32 storage (CUDA.md section 1): SIMT FFMA, since tensor cores in
-// bf16 or tf32 cannot meet SPEC 9's float32 limit. One block per (query tile of 64 of a query
-// segment, head), 128 threads: two per query row. The pair splits the row's products with a
-// key tile of 16 in shared memory by column parity (each a chain of FFMA in column order, the
-// two halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
-// scalar update of kernels/softmax_state.h (ra__state_update's steps, unrolled over registers)
-// on their half of the D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80
-// too. The segment
-// walk, the logit and the running state across ring steps are those of the tile kernel
+// The forward kernel for float32 storage (DESIGN: CUDA: the backend): SIMT FFMA, since tensor
+// cores in bf16 or tf32 cannot meet SPEC 9's float32 limit. One block per (query tile of 64 of a
+// query segment, head), 128 threads: two per query row. The pair splits the row's products with a
+// key tile of 16 in shared memory by column parity (each a chain of FFMA in column order, the two
+// halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
+// scalar update of kernels/softmax_state.h (ra__state_update's steps, unrolled over registers) on
+// their half of the D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80 too.
+// The segment walk, the logit and the running state across ring steps are those of the tile kernel
 // (forward_common.cuh), FULL tiles and top-k thresholds included; head dims below the tile's as
 // zero columns.
 #pragma once

@@ -1,11 +1,11 @@
-// The forward kernel's core (CUDA.md section 1, FlashAttention 2's structure), bf16/f16 storage:
-// one block per (query tile of 64 rows, head); 4 warps of 16 rows; Q, K, V tiles in dynamic
-// shared memory in 16-byte chunks swizzled by `chunk ^ (row % 8)`, loaded by cp.async with zero
-// fill past the end; S = Q K^T by mma.m16n8k16 from ldmatrix fragments; the SPEC 4 guarded
-// update of kernels/softmax_state.h in registers, row max and sum over the quad by
-// __shfl_xor_sync 1 and 2; P's accumulators packed to 16 bits are the A fragments of P V; V as
-// B through ldmatrix.trans. One ring step per launch: the running state (m, l, acc) of SPEC 4 is
-// float32 in device memory between steps; the last step writes O and LSE.
+// The forward kernel's core (DESIGN: CUDA: the backend; FlashAttention 2's structure), bf16/f16
+// storage: one block per (query tile of 64 rows, head); 4 warps of 16 rows; Q, K, V tiles in
+// dynamic shared memory in 16-byte chunks swizzled by `chunk ^ (row % 8)`, loaded by cp.async with
+// zero fill past the end; S = Q K^T by mma.m16n8k16 from ldmatrix fragments; the SPEC 4 guarded
+// update of kernels/softmax_state.h in registers, row max and sum over the quad by __shfl_xor_sync
+// 1 and 2; P's accumulators packed to 16 bits are the A fragments of P V; V as B through
+// ldmatrix.trans. One ring step per launch: the running state (m, l, acc) of SPEC 4 is float32 in
+// device memory between steps; the last step writes O and LSE.
 //
 // Tokens as the CPU backend sees them (masks/shard.h): the local queries and the held key
 // shard are segments -- a span of one sequence (positions pos, pos + stride, ...) at a local

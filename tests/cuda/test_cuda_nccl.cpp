@@ -1,6 +1,6 @@
 // The ring on the CUDA backend over the NCCL transport (comm/nccl.c). Ranks as threads of one
 // process, each on its own communicator from one unique id and its own stream: in CI against
-// the emulated library and its fake NCCL (kernels/cuda/emu/fake_nccl.cpp), which tests the
+// the emulated library and its fake NCCL (emu/fake_nccl.cpp), which tests the
 // library's use of NCCL, not NCCL: against the float64 oracle under SPEC 9 as the single-rank
 // CUDA plan is, bitwise repeatable under other thread schedules and stream drain orders (a
 // missing event between the call's stream and the transport's shows as a difference), and a
@@ -38,7 +38,7 @@ namespace {
 
 // A build without NCCL (a CUDA build configured without RINGATTN_ENABLE_NCCL) has nothing to test.
 // On a GPU, NCCL refuses two ranks of one communicator on one device ("Duplicate GPU
-// detected"): there the transport is tested with processes (CUDA.md section 3), not here.
+// detected"): there the transport is tested with processes (DESIGN: the NCCL transport), not here.
 bool have_nccl()
 {
     if (std::getenv("RATEST_GPU")) {

@@ -1,7 +1,7 @@
-// The SIMT emulation's self-tests (CUDA.md section 2): the fragment tables give the plain
-// product exactly, a block reduction is exact, and every kind of misuse the emulation promises
-// to catch is caught -- with a report naming the call sites, or as a bitwise difference between
-// scheduling policies.
+// The SIMT emulation's self-tests (DESIGN: CUDA: the SIMT emulation): the fragment tables give the
+// plain product exactly, a block reduction is exact, and every kind of misuse the emulation
+// promises to catch is caught -- with a report naming the call sites, or as a bitwise difference
+// between scheduling policies.
 #include <catch2/catch.hpp>
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// The emulation's performance counters (kernels/cuda/emu/counters.h) on kernels of known
+// The emulation's performance counters (emu/counters.h) on kernels of known
 // behaviour: bank conflicts and broadcasts of shared loads, coalesced and scattered global
 // loads, useful and wasted mma, barriers, shuffles, cp.async groups in flight and ldmatrix with
 // and without conflicts; and counting changes no result.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/emu/counters.h"
+#include "emu/counters.h"
 #include "tests/emu/counter_kernels.cuh"
 
 namespace {

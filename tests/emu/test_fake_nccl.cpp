@@ -1,4 +1,4 @@
-// The fake NCCL's self-tests (kernels/cuda/emu/fake_nccl.cpp, CUDA.md section 3): ranks as
+// The fake NCCL's self-tests (emu/fake_nccl.cpp, DESIGN: the NCCL transport): ranks as
 // threads of one process on the fake runtime's streams. A ring exchange in one group lands every
 // message, in both streams' order, under every drain order; all-reduce; a non-blocking
 // communicator reports ncclInProgress until every rank has joined; a receive nobody sends never
@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/emu/cuda_emu.h"
-#include "kernels/cuda/emu/nccl/nccl.h"
+#include "emu/cuda_emu.h"
+#include "emu/nccl/nccl.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // ringattn_comm_create_nccl_mpi (include/ringattn_mpi.h) under mpirun -n 2, against the emulated
-// library (tests/emu: the CUDA backend over the SIMT emulation, NCCL over the fake one, whose
+// library (build/emu: the CUDA backend over the SIMT emulation, NCCL over the fake one, whose
 // ranks are threads of one process, so two MPI processes never join one fake communicator):
 // bad arguments on one rank fail every rank at once, before any NCCL call; a communicator
 // whose ranks never all join is RINGATTN_ERR_COMM on every rank within the deadline; on each

@@ -1,4 +1,4 @@
-// Logging (README, "Logging"; include/base/log.c): the callback of ringattn_set_log_callback
+// Logging (README, "Logging"; base/log.c): the callback of ringattn_set_log_callback
 // gets a ring plan's info lines with their subsystem and rank; a failed call's log line is its
 // message; and, run with RINGATTN_LOG_FILE / _SUBSYS / _TIME set (the [logfile] test, a
 // registration of its own), one file per rank whose every line starts host:pid:rank and the
@@ -140,6 +140,36 @@ TEST_CASE("A failed call's log line is its message")
     CHECK(l.level == RINGATTN_LOG_INFO); // a refusal: the caller has the status and message
     CHECK(l.rank == 0);
     CHECK(l.message == message + " (invalid argument)");
+}
+
+TEST_CASE("At debug level a failure leaves its trail: file:line -> status, from the check up")
+{
+    const ratest::Problem pb = ring_problem();
+    std::string message;
+    const std::vector<Line> got = logged(RINGATTN_LOG_DEBUG, [&] {
+        ratest::Plan plan(pb.cfg);
+        ratest::require_plan(plan);
+        ringattn_tensors_t t = RINGATTN_TENSORS_INIT; // no tensors at all
+        CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
+        message = ringattn_last_error();
+    });
+    std::vector<std::string> trail;
+    for (const Line &l : got)
+        if (l.subsystem == "error") trail.push_back(l.message);
+    REQUIRE(!trail.empty());
+    INFO("first: " << trail.front());
+    // the check that refused: a source file of the tree (relative), its line, status and message
+    CHECK(trail.front().find(".c:") != std::string::npos);
+    CHECK(trail.front().find('/') != 0);
+    CHECK(trail.front().find(" -> RINGATTN_ERR_INVALID_ARGUMENT: " + message) != std::string::npos);
+    for (const std::string &m : trail) CHECK(m.find(" -> RINGATTN_ERR_INVALID_ARGUMENT") != std::string::npos);
+    // nothing of the kind below debug
+    const std::vector<Line> info = logged(RINGATTN_LOG_INFO, [&] {
+        ratest::Plan plan(pb.cfg);
+        ringattn_tensors_t t = RINGATTN_TENSORS_INIT;
+        CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
+    });
+    for (const Line &l : info) CHECK(l.subsystem != "error");
 }
 
 TEST_CASE("RINGATTN_LOG_FILE, _SUBSYS and _TIME: a file per rank, host:pid:rank and the time on "

@@ -26,6 +26,19 @@ TEST_CASE("every status code has a distinct non-empty string", "[status]")
     CHECK(seen.size() == sizeof all_codes / sizeof all_codes[0]);
 }
 
+TEST_CASE("every status code has its enumerator's name", "[status]")
+{
+    const char *names[] = {"RINGATTN_SUCCESS",           "RINGATTN_ERR_INVALID_ARGUMENT",
+                           "RINGATTN_ERR_INVALID_USAGE", "RINGATTN_ERR_UNSUPPORTED",
+                           "RINGATTN_ERR_OUT_OF_MEMORY", "RINGATTN_ERR_COMM",
+                           "RINGATTN_ERR_CUDA",          "RINGATTN_ERR_INTERNAL"};
+    static_assert(sizeof names / sizeof names[0] == sizeof all_codes / sizeof all_codes[0], "");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        CHECK(std::string(ringattn_status_name(all_codes[i])) == names[i]);
+    for (int code : {-1, 8, 99})
+        CHECK(std::string(ringattn_status_name((ringattn_status_t)code)) == "RINGATTN_STATUS_UNKNOWN");
+}
+
 TEST_CASE("unknown status codes still give a non-empty string", "[status]")
 {
     for (int code : {-1, 8, 99, 12345, -2147483647}) {

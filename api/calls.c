@@ -1,0 +1,233 @@
+/*
+ * ringattn_forward / ringattn_backward: argument checks, the call's agreement across the ring
+ * (ring/call.c), then the ring driver.
+ */
+#include <math.h>
+
+#include "base/device_ops.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/registry.h"
+#include "comm/comm.h"
+#include "ring/call.h"
+#include "base/abi.h"
+#include "plan/buffers.h"
+#include "ring/ring.h"
+
+static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
+                                    const ringattn_tensors_t *caller, void *stream,
+                                    ringattn_tensors_t *t)
+{
+    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
+    RA_TRY(ra__tensors_in(fn, caller, t));
+    RA_CHECK(t->lse != NULL || plan->kp.queries->rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    if (plan->comm) RA_TRY(ra__comm_check_stream(plan->comm, fn, stream));
+    plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
+    if ((plan->comm || t->key_bias || plan->cache) && plan->be->device_ops) {
+        /* a capture records work without running it, and a ring call's agreements, like a key
+           bias's check and thresholds, wait on the host for values its queued work produces
+           (DESIGN: the NCCL transport) */
+        int capturing = 0;
+        RA_TRY(plan->be->device_ops->stream_capturing(stream, &capturing));
+        RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
+                 "%s: stream: it is capturing a CUDA graph, but a call %s cannot be captured "
+                 "(it waits on the host for its queued work); call it outside the capture", fn,
+                 plan->comm ? "over a comm" : plan->cache ? "of a KV cache plan" : "with a key bias");
+    }
+    return RINGATTN_SUCCESS;
+}
+
+/* The backend's own limits on a tensor argument (kernels/backend.h), when it has some. */
+static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan *p,
+                                      const char *name, const void *data, const ra_view *v)
+{
+    if (!p->be->check_tensor || data == NULL) return RINGATTN_SUCCESS;
+    return p->be->check_tensor(p->ws, fn, name, data, v);
+}
+
+/*
+ * SPEC 6 bias values: finite or -inf (a key no row may use). NaN would break the ranking's total
+ * order and +inf the softmax, and either would give NaN outputs (SPEC 9 forbids them). Checked
+ * on the host copy the call's preparation uses (ring/prepare.c).
+ */
+static ringattn_status_t check_bias(const char *fn, struct ringattn_plan *p, const char *name,
+                                    const float *bias, int64_t keys, float *host)
+{
+    RA_TRY(p->be->to_host(host, bias, (size_t)(p->kp.bias_heads * keys) * sizeof(float),
+                          &p->stream));
+    for (int64_t i = 0; i < (int64_t)p->kp.bias_heads * keys; ++i)
+        RA_CHECK(!isnan(host[i]) && host[i] != INFINITY, RINGATTN_ERR_INVALID_ARGUMENT,
+                 "%s: %s[%lld, %lld]: got %g, expected a finite value or -inf", fn, name,
+                 (long long)(i / keys), (long long)(i % keys), (double)host[i]);
+    return RINGATTN_SUCCESS;
+}
+
+/* A KV cache plan's new tokens' K/V (and bias): read on the last rank, which attends them. */
+static ringattn_status_t make_new_kv(const char *fn, struct ringattn_plan *p,
+                                     const ringattn_tensors_t *t, ra_args *a)
+{
+    if (p->new_shard < 0 || p->rank != p->ranks - 1) return RINGATTN_SUCCESS;
+    const ra_kernel_params *k = &p->kp;
+    const int64_t tn = p->shards[p->new_shard].rows;
+    RA_TRY(ra__view_make(fn, "k_new", t->k_new, k->dtype, tn, k->num_kv_heads, k->head_dim, 0,
+                         &a->k_new));
+    RA_TRY(ra__view_make(fn, "v_new", t->v_new, k->dtype, tn, k->num_kv_heads, k->head_dim_v, 0,
+                         &a->v_new));
+    RA_TRY(check_memory(fn, p, "k_new", a->k_new.data, &a->k_new));
+    RA_TRY(check_memory(fn, p, "v_new", a->v_new.data, &a->v_new));
+    if (!k->bias_heads) return RINGATTN_SUCCESS;
+    RA_CHECK(t->key_bias_new != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: key_bias_new: got NULL, expected [key_bias_heads = %d, T_new = %lld] float32",
+             fn, k->bias_heads, (long long)tn);
+    a->key_bias_new = t->key_bias_new;
+    RA_TRY(check_memory(fn, p, "key_bias_new", a->key_bias_new, NULL));
+    return check_bias(fn, p, "key_bias_new", a->key_bias_new, tn, p->buf->host_new_bias);
+}
+
+/* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
+static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
+                                   const ringattn_tensors_t *t, int o_is_output, ra_args *a)
+{
+    const ra_kernel_params *k = &p->kp;
+    const int H = k->num_heads, Hk = k->num_kv_heads, D = k->head_dim, Dv = k->head_dim_v;
+    const int64_t tq = k->queries->rows, tk = ra__local_keys(p)->rows;
+    RA_TRY(ra__view_make(fn, "q", t->q, k->dtype, tq, H, D, 0, &a->q));
+    RA_TRY(ra__view_make(fn, "k", t->k, k->dtype, tk, Hk, D, 0, &a->k));
+    RA_TRY(ra__view_make(fn, "v", t->v, k->dtype, tk, Hk, Dv, 0, &a->v));
+    RA_TRY(ra__view_make(fn, "o", t->o, k->dtype, tq, H, Dv, o_is_output, &a->o));
+    if (tq) RA_TRY(check_memory(fn, p, "q", a->q.data, &a->q));
+    if (tk) RA_TRY(check_memory(fn, p, "k", a->k.data, &a->k));
+    if (tk) RA_TRY(check_memory(fn, p, "v", a->v.data, &a->v));
+    if (tq) RA_TRY(check_memory(fn, p, "o", a->o.data, NULL));
+    if (tq) RA_TRY(check_memory(fn, p, "lse", t->lse, NULL));
+    a->lse = t->lse;
+    RA_CHECK(k->bias_heads == 0 || t->key_bias != NULL || tk == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn,
+             k->bias_heads);
+    a->key_bias = k->bias_heads ? t->key_bias : NULL;
+    a->dbias = k->bias_heads ? t->dbias : NULL;
+    if (tk) RA_TRY(check_memory(fn, p, "key_bias", a->key_bias, NULL));
+    if (a->key_bias)
+        RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
+    return p->cache ? make_new_kv(fn, p, t, a) : RINGATTN_SUCCESS;
+}
+
+/* The backward's own tensors: dO and the gradients. */
+static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *p,
+                                    const ringattn_tensors_t *t, ra_args *a)
+{
+    const ra_kernel_params *k = &p->kp;
+    const int H = k->num_heads, Hk = k->num_kv_heads, D = k->head_dim, Dv = k->head_dim_v;
+    const int64_t tq = k->queries->rows, tk = ra__local_keys(p)->rows;
+    RA_TRY(ra__view_make(fn, "dout", t->dout, k->dtype, tq, H, Dv, 0, &a->dout));
+    RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
+    RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
+    RA_TRY(ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv));
+    if (tq) RA_TRY(check_memory(fn, p, "dout", a->dout.data, NULL));
+    if (tq) RA_TRY(check_memory(fn, p, "dq", a->dq.data, NULL));
+    if (tk) RA_TRY(check_memory(fn, p, "dk", a->dk.data, NULL));
+    if (tk) RA_TRY(check_memory(fn, p, "dv", a->dv.data, NULL));
+    if (tk) RA_TRY(check_memory(fn, p, "dbias", a->dbias, NULL));
+    return RINGATTN_SUCCESS;
+}
+
+/* The backend's memory for backward calls, at the first one: before the call's agreement, so
+   that a rank without the memory refuses the call on every rank and nothing moves. */
+static ringattn_status_t backward_workspace(const char *fn, struct ringattn_plan *plan)
+{
+    if (!plan->be->backward_workspace) return RINGATTN_SUCCESS;
+    size_t added = 0;
+    const int previous = ra__device_enter(plan);
+    const ringattn_status_t st = plan->be->backward_workspace(&plan->kp, plan->ws, &added);
+    ra__device_leave(plan, previous);
+    plan->ws_bytes += added;
+    if (added)
+        ra__log(RA_LOG_INFO, RA_SUB_PLAN, plan->rank, plan->ranks,
+                "%s: the backward's workspace, made at the plan's first backward: %zu bytes "
+                "(workspace now %zu)", fn, added, plan->ws_bytes);
+    return st;
+}
+
+/* Both passes: a live plan (without one there is no ring to agree over), then every rank's
+   checks and facts agreed before anything moves. */
+static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
+                                    const ringattn_tensors_t *caller, void *stream, int backward,
+                                    ra_call *c)
+{
+    if (ra__plan_check(fn, plan) != RINGATTN_SUCCESS) {
+        ra__comm_refused(); /* no ring to agree over: the next agreement carries the refusal */
+        return plan == NULL ? RINGATTN_ERR_INVALID_ARGUMENT : RINGATTN_ERR_INVALID_USAGE;
+    }
+    ringattn_tensors_t t;
+    ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
+    if (st == RINGATTN_SUCCESS && backward && plan->cache)
+        st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                      "%s: the plan attends a KV cache (sharded_cache or cu_seqlens_new): "
+                      "inference plans are forward only",
+                      fn);
+    if (st == RINGATTN_SUCCESS && backward && plan->be->attend_backward == NULL)
+        st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
+                      "%s: the %s backend has no backward kernels yet (forward only)", fn,
+                      plan->be->name);
+    if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
+    if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, &c->a);
+    if (st == RINGATTN_SUCCESS && backward) st = backward_workspace(fn, plan);
+    return ra__call_agree(plan, fn, st, backward, c);
+}
+
+/*
+ * Runs the call's ring (ring: its forward or backward driver) with the kernels' polls sending
+ * this rank's heartbeats (comm.h), then agrees on its result: every rank returns the first
+ * failing rank's status, so that no rank reports success for a call that failed elsewhere
+ * (the backward's sums would lack that rank's part). A comm error leaves the plan pinned while
+ * the transport may still run over its buffers (DESIGN, failure semantics).
+ */
+static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const ra_call *c,
+                                   ringattn_status_t (*ring)(struct ringattn_plan *,
+                                                             const ra_call *))
+{
+    if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
+    ringattn_status_t st = ring(plan, c);
+    if (plan->comm) {
+        ra__comm_beacon_detach(plan->comm, &plan->stream);
+        st = ra__comm_conclude(plan->comm, fn, st);
+        if (st == RINGATTN_ERR_COMM && plan->comm->ops->still_active(plan->comm)) plan->pinned = 1;
+    }
+    if (st == RINGATTN_SUCCESS) ra__clear_error();
+    return st;
+}
+
+/* A forward or backward call, on the plan's device (the caller's current one put back). */
+static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                              void *stream, int backward)
+{
+    const int previous = ra__registry_contains(plan) ? ra__device_enter(plan) : -1;
+    ra_call c = {0};
+    ringattn_status_t st = call_begin(fn, plan, t, stream, backward, &c);
+    if (st == RINGATTN_SUCCESS)
+        st = call_ring(fn, plan, &c,
+                       backward ? ra__ring_backward
+                                : plan->cache ? ra__cache_forward : ra__ring_forward);
+    if (previous >= 0) ra__device_leave(plan, previous);
+    if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
+        const int live = ra__registry_contains(plan);
+        ra__log_failure(RA_SUB_RING, live ? plan->rank : -1, live ? plan->ranks : 0, st);
+    }
+    return st;
+}
+
+ringattn_status_t ringattn_forward(ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                   void *stream)
+{
+    return call("ringattn_forward", plan, t, stream, 0);
+}
+
+ringattn_status_t ringattn_backward(ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                    void *stream)
+{
+    return call("ringattn_backward", plan, t, stream, 1);
+}

@@ -1,0 +1,162 @@
+/*
+ * The struct_size policy (ringattn.h, abi.h). Fields are only ever added at a struct's end,
+ * so a released size names a prefix of the current struct: its bytes up to the first field
+ * added after that release. Trailing padding of an older struct is never read: a new field may
+ * sit where the old struct had padding.
+ */
+#include <stddef.h>
+#include <string.h>
+
+#include "base/abi.h"
+#include "base/error.h"
+
+/* The 0.1 layouts (tests/compat/v0_1/ringattn.h), for their sizes on this ABI. */
+struct ra_plan_desc_v0_1 {
+    size_t struct_size;
+    int num_heads, num_kv_heads, head_dim, head_dim_v;
+    ringattn_dtype_t dtype;
+    ringattn_layout_t layout;
+    int num_seqs;
+    const int32_t *cu_seqlens, *cu_seqlens_k;
+    int causal, window_left, window_right;
+    float softmax_scale, softcap;
+    const float *alibi_slopes;
+    int key_bias_heads, keep_k, block_q, block_k, num_threads;
+};
+
+/* 0.2 added backend and device to the descriptor; its tensors were 0.1's. */
+struct ra_plan_desc_v0_2 {
+    struct ra_plan_desc_v0_1 v0_1;
+    ringattn_backend_t backend;
+    int device;
+};
+
+struct ra_tensors_v0_2 {
+    size_t struct_size;
+    ringattn_tensor_t q, k, v, o;
+    float *lse;
+    ringattn_tensor_t dout, dq, dk, dv;
+    const float *key_bias;
+    float *dbias;
+};
+
+struct ra_plan_info_v0_1 {
+    size_t struct_size;
+    int rank, ranks;
+    int64_t local_tokens;
+    int num_steps, compute_steps;
+    size_t forward_bytes_sent, forward_bytes_received, backward_bytes_sent,
+        backward_bytes_received;
+};
+
+/* A released size of a struct and the bytes of the current struct it covers. */
+typedef struct release {
+    size_t size, used;
+} release;
+
+static const release desc_releases[] = {
+    {sizeof(struct ra_plan_desc_v0_1), offsetof(ringattn_plan_desc_t, backend)},
+    {sizeof(struct ra_plan_desc_v0_2), offsetof(ringattn_plan_desc_t, sharded_cache)},
+    {sizeof(ringattn_plan_desc_t), sizeof(ringattn_plan_desc_t)},
+};
+static const release tensors_releases[] = {
+    {sizeof(struct ra_tensors_v0_2), offsetof(ringattn_tensors_t, k_new)},
+    {sizeof(ringattn_tensors_t), sizeof(ringattn_tensors_t)},
+};
+/* The caller's transport table (ringattn_transport.h): one release so far, 0.3's. */
+static const release transport_releases[] = {
+    {sizeof(ringattn_transport_t), sizeof(ringattn_transport_t)},
+};
+static const release info_releases[] = {
+    {sizeof(struct ra_plan_info_v0_1), offsetof(ringattn_plan_info_t, backend)},
+    {sizeof(ringattn_plan_info_t), sizeof(ringattn_plan_info_t)},
+};
+
+_Static_assert(offsetof(ringattn_plan_desc_t, backend) >=
+                   offsetof(struct ra_plan_desc_v0_1, num_threads) + sizeof(int),
+               "0.1 descriptor fields are a prefix of the current descriptor");
+_Static_assert(offsetof(ringattn_plan_info_t, backend) >=
+                   offsetof(struct ra_plan_info_v0_1, backward_bytes_received) + sizeof(size_t),
+               "0.1 info fields are a prefix of the current info");
+
+_Static_assert(offsetof(ringattn_plan_desc_t, sharded_cache) >= sizeof(struct ra_plan_desc_v0_1) &&
+                   offsetof(ringattn_tensors_t, k_new) >=
+                       offsetof(struct ra_tensors_v0_2, dbias) + sizeof(float *),
+               "0.2 descriptor and tensors fields are a prefix of the current ones");
+_Static_assert(sizeof(struct ra_plan_desc_v0_2) != sizeof(ringattn_plan_desc_t) &&
+                   sizeof(struct ra_plan_desc_v0_2) != sizeof(struct ra_plan_desc_v0_1) &&
+                   sizeof(struct ra_tensors_v0_2) != sizeof(ringattn_tensors_t),
+               "a size names one release");
+_Static_assert(sizeof(struct ra_plan_desc_v0_1) != sizeof(ringattn_plan_desc_t) &&
+                   sizeof(struct ra_plan_info_v0_1) != sizeof(ringattn_plan_info_t),
+               "a size names one release");
+
+/* The bytes of the current struct a caller's struct_size covers, or 0 if it is no release. */
+static size_t covered(const release *r, size_t n, size_t size)
+{
+    for (size_t i = 0; i < n; ++i)
+        if (r[i].size == size) return r[i].used;
+    return 0;
+}
+
+#define COVERED(list, size) covered(list, sizeof list / sizeof list[0], size)
+
+/* The caller's struct src (struct_size its first field) as this version's in dst (size
+   bytes): the defaults, then the bytes src's release has. */
+static ringattn_status_t struct_in(const char *fn, const char *what, const char *init,
+                                   const release *r, size_t n, const void *src, void *dst,
+                                   const void *defaults, size_t size)
+{
+    const size_t given = *(const size_t *)src;
+    const size_t used = covered(r, n, given);
+    RA_CHECK(used > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: %s->struct_size: got %zu, expected %zu (this version)%s (use %s)", fn, what,
+             given, size, n > 1 ? " or an older release's size" : "", init);
+    memcpy(dst, defaults, size);
+    memcpy(dst, src, used);
+    *(size_t *)dst = size;
+    return RINGATTN_SUCCESS;
+}
+
+#define STRUCT_IN(type, what, init, list, src, dst)                                           \
+    do {                                                                                      \
+        const type defaults_ = init;                                                          \
+        return struct_in(fn, what, #init, list, sizeof list / sizeof list[0], src, dst,       \
+                         &defaults_, sizeof defaults_);                                       \
+    } while (0)
+
+ringattn_status_t ra__desc_in(const char *fn, const ringattn_plan_desc_t *d,
+                              ringattn_plan_desc_t *out)
+{
+    STRUCT_IN(ringattn_plan_desc_t, "desc", RINGATTN_PLAN_DESC_INIT, desc_releases, d, out);
+}
+
+ringattn_status_t ra__tensors_in(const char *fn, const ringattn_tensors_t *t,
+                                 ringattn_tensors_t *out)
+{
+    STRUCT_IN(ringattn_tensors_t, "tensors", RINGATTN_TENSORS_INIT, tensors_releases, t, out);
+}
+
+ringattn_status_t ra__transport_in(const char *fn, const ringattn_transport_t *t,
+                                   ringattn_transport_t *out)
+{
+    STRUCT_IN(ringattn_transport_t, "transport", RINGATTN_TRANSPORT_INIT, transport_releases, t, out);
+}
+
+ringattn_status_t ra__info_check(const char *fn, const ringattn_plan_info_t *info)
+{
+    RA_CHECK(info != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: info: got NULL, expected a ringattn_plan_info_t from RINGATTN_PLAN_INFO_INIT",
+             fn);
+    RA_CHECK(COVERED(info_releases, info->struct_size) > 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: info->struct_size: got %zu, expected %zu (use RINGATTN_PLAN_INFO_INIT)", fn,
+             info->struct_size, sizeof *info);
+    return RINGATTN_SUCCESS;
+}
+
+void ra__info_out(const ringattn_plan_info_t *full, ringattn_plan_info_t *info)
+{
+    const size_t size = info->struct_size;
+    memcpy(info, full, COVERED(info_releases, size));
+    info->struct_size = size;
+}
