@@ -111,7 +111,7 @@ typedef struct ra_bwd_io {
  */
 #define RA_LSE_LOSSY 256.0f
 
-static inline int ra__lse_lossy(float lse) { return isfinite(lse) && fabsf(lse) >= RA_LSE_LOSSY; }
+RA_HD int ra__lse_lossy(float lse) { return isfinite(lse) && fabsf(lse) >= RA_LSE_LOSSY; }
 
 /*
  * SPEC 2 and 9: the factor of the raw product q . k in the logit: the scale, or with a softcap

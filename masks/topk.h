@@ -16,6 +16,11 @@
 extern "C" {
 #endif
 
+/* The rule itself, the one definition both backends use (RA_HD code and SIMD loops alike, any
+   integer width of positions): key (b, p) is kept by a row of threshold (tb, tp). Branch-free,
+   so that the CPU's loop vectorises. */
+#define RA_TOPK_KEEPS(b, p, tb, tp) (((b) > (tb)) | (((b) == (tb)) & ((p) <= (tp))))
+
 typedef struct ra_topk_key {
     float bias;
     int32_t pos;

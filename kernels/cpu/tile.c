@@ -122,15 +122,15 @@ RA_CPU_CLONES void ra__batch_logits(const ra_kernel_params *p, ra_thread_ws *w, 
         if (slope != 0.0f) /* the order of the span path: ALiBi, then bias */
             for (int j = 0; j < n; ++j)
                 row[j] -= slope * (float)(qp > pos[j] ? qp - pos[j] : pos[j] - qp);
-        /* SPEC 3 window and the SPEC 6 threshold rule of masks/topk.h (keep iff b > tb, or
-           b == tb and p <= tp) as int32 lane compares (positions fit int32) */
+        /* SPEC 3 window and the SPEC 6 threshold rule (masks/topk.h, RA_TOPK_KEEPS) as int32
+           lane compares (positions fit int32) */
         const int32_t lo = (int32_t)clamp_i32(win.left < 0 ? INT32_MIN : qp - win.left);
         const int32_t hi = (int32_t)clamp_i32(win.right < 0 ? INT32_MAX : qp + win.right);
         const int32_t tp = (int32_t)clamp_i32(dyn->thr_p[i]);
         const float tb = dyn->thr_b[i];
 #pragma omp simd
         for (int j = 0; j < n; ++j) {
-            const int keep = (bias[j] > tb) | ((bias[j] == tb) & (pos[j] <= tp));
+            const int keep = RA_TOPK_KEEPS(bias[j], pos[j], tb, tp);
             const int seen = (pos[j] >= lo) & (pos[j] <= hi);
             row[j] = keep & seen ? row[j] + bias[j] : -INFINITY;
         }

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, con
                        ra_bwd::load(o, r * o_row + h * o_head + c, a.dtype), d);
         a.drow[i] = d;
         const float lse = a.f.lse[i];
-        const bool recompute = row_m && ra_fwd::lse_lossy(lse) && row_l[i] > 0.0f;
+        const bool recompute = row_m && ra__lse_lossy(lse) && row_l[i] > 0.0f;
         a.pshift[i] = recompute ? row_m[i] : lse;
         a.pscale[i] = recompute ? 1.0f / row_l[i] : 1.0f;
     }
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
     for (int64_t sub = 0; sub < tile.count; sub += t) {
         const int64_t left = tile.count - sub, qr = first + sub, at = (int64_t)h * a.f.tq + qr;
         const int n = (int)(left < t ? left : t);
-        if (!__syncthreads_or(tid < n && ra_fwd::lse_lossy(a.f.lse[at + tid]))) continue;
+        if (!__syncthreads_or(tid < n && ra__lse_lossy(a.f.lse[at + tid]))) continue;
         const ra_span qs{tile.seq, tile.pos + sub * tile.stride, tile.stride, n};
         const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift, true);
         if (tid < n) {

@@ -10,6 +10,7 @@
 #include "kernels/cuda/device.cuh"
 extern "C" {
 #include "kernels/params.h"
+#include "masks/topk.h"
 }
 #include "kernels/softmax_state.h"
 #include "masks/shard.h"
@@ -41,8 +42,7 @@ struct ra_fwd_tile_args {
     const float *alibi;        // [H] device memory, or NULL
     // SPEC 6 key bias of the held shard, [bias_heads, bias_ld] (its local key rows), or NULL;
     // query head h reads bias head h / (H / bias_heads). With thr_b, the top-k thresholds of
-    // the local rows, [bias_heads, tq] (masks/topk.h): keep key j iff b_j > tb, or b_j == tb
-    // and its position <= tp.
+    // the local rows, [bias_heads, tq] (masks/topk.h, RA_TOPK_KEEPS).
     const float *bias;
     int64_t bias_ld;
     int bias_heads;
@@ -66,8 +66,6 @@ __host__ __device__ constexpr int ra__cuda_keys_per_tile(int d, int dv)
 
 namespace ra_fwd {
 
-// kernels/params.h's ra__lse_lossy (SPEC 9), on the device.
-__device__ __forceinline__ bool lse_lossy(float lse) { return isfinite(lse) && fabsf(lse) >= RA_LSE_LOSSY; }
 
 // One query row's part of SPEC 2, 3 and 6.
 struct row_ctx {
@@ -117,7 +115,7 @@ __device__ __forceinline__ float logit(const ra_fwd_tile_args &a, const row_ctx 
     if (a.alibi) z -= r.slope * (float)(diag > pj ? diag - pj : pj - diag);
     if (r.bias) {
         const float b = r.bias[kr];
-        if (Masked && a.thr_b && !(b > r.tb || (b == r.tb && pj <= r.tp))) return -INFINITY;
+        if (Masked && a.thr_b && !RA_TOPK_KEEPS(b, pj, r.tb, r.tp)) return -INFINITY;
         z += b;
     }
     return z;

@@ -121,13 +121,13 @@ __global__ void absmax_kernel(ra_view v, int64_t rows, int heads, int dim, unsig
     atomicMax(out, best);
 }
 
-// (head, row) pairs whose LSE is lossy (ra_fwd::lse_lossy, SPEC 9) into *count.
+// (head, row) pairs whose LSE is lossy (ra__lse_lossy, SPEC 9) into *count.
 __global__ void lossy_kernel(const float *lse, size_t n, unsigned *count)
 {
     unsigned mine = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        mine += ra_fwd::lse_lossy(lse[i]) ? 1u : 0u;
+        mine += ra__lse_lossy(lse[i]) ? 1u : 0u;
     if (mine) atomicAdd(count, mine);
 }
 
