@@ -1,7 +1,7 @@
 /*
  * The transport table: one per transport (threads.c: ranks as threads of one process; mpi.c:
- * MPI ranks; nccl.c: NCCL; custom.c: the caller's callbacks). MPI calls live only in comm/.
- * Internal.
+ * MPI ranks; nccl.c: NCCL; custom.c: the caller's callbacks; transports.c lists a build's). MPI
+ * and NCCL calls live only in comm/ (test_floors). Internal.
  *
  * Two planes. The control plane moves small host values and blocks: the agreements on a
  * descriptor or a call, allreduce, allgather (the key bias). The data plane moves shards:

@@ -1,7 +1,8 @@
 /*
- * The backend table: one per backend (kernels/cpu, later kernels/cuda). The ring driver reaches
- * the kernels, the backend's memory and every element-wise operation on it only through this
- * table, so that it never touches tensor memory on the host. Internal.
+ * The backend table: one per backend (kernels/cpu, kernels/cuda; kernels/backends.c lists a
+ * build's). The plan finds it in that registry; the ring driver reaches the kernels, the
+ * backend's memory and every element-wise operation on it only through this table, so that it
+ * never touches tensor memory on the host. Internal.
  */
 #ifndef RINGATTN_KERNELS_BACKEND_H
 #define RINGATTN_KERNELS_BACKEND_H
