@@ -59,6 +59,16 @@ ratest::Problem ring_problem()
     return ratest::packed_problem(ratest::ring_batch({"causal", 1, -1, -1}), 31);
 }
 
+// A forward call refused for having no tensors at all; its message.
+std::string refused_forward(const ratest::Problem &pb)
+{
+    ratest::Plan plan(pb.cfg);
+    ratest::require_plan(plan);
+    ringattn_tensors_t t = RINGATTN_TENSORS_INIT;
+    CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
+    return ringattn_last_error();
+}
+
 // Rank 0's forward over a 2-rank threads comm while rank 1 never calls: after the deadline
 // (RINGATTN_COMM_TIMEOUT) rank 0 fails with RINGATTN_ERR_COMM; its message.
 std::string comm_failure(const ratest::Problem &pb)
@@ -128,11 +138,7 @@ TEST_CASE("A failed call's log line is its message")
     const ratest::Problem pb = ring_problem();
     std::string message;
     const std::vector<Line> got = logged(RINGATTN_LOG_INFO, [&] {
-        ratest::Plan plan(pb.cfg);
-        ratest::require_plan(plan);
-        ringattn_tensors_t t = RINGATTN_TENSORS_INIT; // no tensors at all
-        CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
-        message = ringattn_last_error();
+        message = refused_forward(pb);
     });
     REQUIRE(!got.empty());
     const Line &l = got.back();
@@ -147,11 +153,7 @@ TEST_CASE("At debug level a failure leaves its trail: file:line -> status, from 
     const ratest::Problem pb = ring_problem();
     std::string message;
     const std::vector<Line> got = logged(RINGATTN_LOG_DEBUG, [&] {
-        ratest::Plan plan(pb.cfg);
-        ratest::require_plan(plan);
-        ringattn_tensors_t t = RINGATTN_TENSORS_INIT; // no tensors at all
-        CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
-        message = ringattn_last_error();
+        message = refused_forward(pb);
     });
     std::vector<std::string> trail;
     for (const Line &l : got)
@@ -164,11 +166,7 @@ TEST_CASE("At debug level a failure leaves its trail: file:line -> status, from 
     CHECK(trail.front().find(" -> RINGATTN_ERR_INVALID_ARGUMENT: " + message) != std::string::npos);
     for (const std::string &m : trail) CHECK(m.find(" -> RINGATTN_ERR_INVALID_ARGUMENT") != std::string::npos);
     // nothing of the kind below debug
-    const std::vector<Line> info = logged(RINGATTN_LOG_INFO, [&] {
-        ratest::Plan plan(pb.cfg);
-        ringattn_tensors_t t = RINGATTN_TENSORS_INIT;
-        CHECK(ringattn_forward(plan.get(), &t, nullptr) == RINGATTN_ERR_INVALID_ARGUMENT);
-    });
+    const std::vector<Line> info = logged(RINGATTN_LOG_INFO, [&] { refused_forward(pb); });
     for (const Line &l : info) CHECK(l.subsystem != "error");
 }
 
