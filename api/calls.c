@@ -4,7 +4,7 @@
  */
 #include <math.h>
 
-#include "base/device_ops.h"
+#include "base/memory_ops.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/registry.h"
@@ -27,12 +27,12 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
     if (plan->comm) RA_TRY(ra__comm_check_stream(plan->comm, fn, stream));
     plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
-    if ((plan->comm || t->key_bias || plan->cache) && plan->be->device_ops) {
+    if ((plan->comm || t->key_bias || plan->cache) && ra__memory_on_device(plan->be->memory)) {
         /* a capture records work without running it, and a ring call's agreements, like a key
            bias's check and thresholds, wait on the host for values its queued work produces
            (DESIGN: the NCCL transport) */
         int capturing = 0;
-        RA_TRY(plan->be->device_ops->stream_capturing(stream, &capturing));
+        RA_TRY(plan->be->memory->stream_capturing(stream, &capturing));
         RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
                  "%s: stream: it is capturing a CUDA graph, but a call %s cannot be captured "
                  "(it waits on the host for its queued work); call it outside the capture", fn,
@@ -57,8 +57,7 @@ static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan
 static ringattn_status_t check_bias(const char *fn, struct ringattn_plan *p, const char *name,
                                     const float *bias, int64_t keys, float *host)
 {
-    RA_TRY(p->be->to_host(host, bias, (size_t)(p->kp.bias_heads * keys) * sizeof(float),
-                          &p->stream));
+    RA_TRY(ra__plan_to_host(p, host, bias, (size_t)(p->kp.bias_heads * keys) * sizeof(float)));
     for (int64_t i = 0; i < (int64_t)p->kp.bias_heads * keys; ++i)
         RA_CHECK(!isnan(host[i]) && host[i] != INFINITY, RINGATTN_ERR_INVALID_ARGUMENT,
                  "%s: %s[%lld, %lld]: got %g, expected a finite value or -inf", fn, name,

@@ -22,7 +22,7 @@ ringattn_status_t ringattn_comm_create_threads_device(int num_ranks, int device,
                                                       ringattn_comm_t *comms)
 {
     static const char fn[] = "ringattn_comm_create_threads_device";
-    const struct ra_device_ops *dev = ra__backend_device_ops();
+    const struct ra_memory_ops *dev = ra__backend_device_memory();
     if (!dev) return ra__transport_absent(fn, "threads_device");
     RA_CHECK(device >= -1, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: device: got %d, expected -1 (the current device) or a device ordinal", fn,

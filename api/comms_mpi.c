@@ -24,7 +24,7 @@ ringattn_status_t ringattn_comm_create_nccl_mpi(MPI_Comm mpi_comm, int device,
     if (!nccl->over_mpi) return ra__transport_absent(fn, "nccl");
     RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: mpi_comm: got MPI_COMM_NULL, expected an MPI communicator", fn);
-    RA_TRY(nccl->over_mpi(fn, &mpi_comm, device, ra__backend_device_ops(), out));
+    RA_TRY(nccl->over_mpi(fn, &mpi_comm, device, ra__backend_device_memory(), out));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

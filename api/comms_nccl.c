@@ -14,7 +14,7 @@ ringattn_status_t ringattn_comm_create_nccl(ncclComm_t comm, ringattn_comm_t *ou
     static const char fn[] = "ringattn_comm_create_nccl";
     RA_CHECK(comm != NULL && out != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: comm/out: got NULL, expected a NCCL communicator and a handle to fill", fn);
-    RA_TRY(ra__comm_create_nccl(fn, comm, 0, ra__backend_device_ops(), out));
+    RA_TRY(ra__comm_create_nccl(fn, comm, 0, ra__backend_device_memory(), out));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }
@@ -34,7 +34,7 @@ ringattn_status_t ringattn_comm_create_nccl_id(const ncclUniqueId *id, int nrank
     static const char fn[] = "ringattn_comm_create_nccl_id";
     RA_CHECK(id != NULL && out != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: id/out: got NULL, expected a unique id and a handle to fill", fn);
-    RA_TRY(ra__comm_create_nccl_id(fn, id, nranks, rank, device, ra__backend_device_ops(), out));
+    RA_TRY(ra__comm_create_nccl_id(fn, id, nranks, rank, device, ra__backend_device_memory(), out));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

@@ -115,9 +115,9 @@ struct ringattn_comm {
 
 /* The threads transport's hub and num_ranks comms on it (comm/threads.c); with dev, a device
    comm whose messages are device memory of `device` (-1: the current device). */
-struct ra_device_ops;
+struct ra_memory_ops;
 ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks,
-                                          const struct ra_device_ops *dev, int device,
+                                          const struct ra_memory_ops *dev, int device,
                                           ringattn_comm_t *comms);
 
 /* A comm over the caller's transport table (comm/custom.c; arguments checked by

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/device_ops.h"
+#include "base/memory_ops.h"
 #include "base/error.h"
 #include "base/host_stream.h"
 #include "base/registry.h"
@@ -49,7 +49,7 @@ static _Atomic int *device_count(int device)
 typedef struct nccl_impl {
     ncclComm_t nc;
     int owned; /* made by ringattn_comm_create_nccl_id: aborted on failure, destroyed with it */
-    const ra_device_ops *dev;
+    const ra_memory_ops *dev;
     void *stream, *ready, *done, *control_done;
     void *control;       /* device: RA_ALLREDUCE_MAX int64 for the agreements */
     void *gather;        /* device: the allgather's staging buffer, grown once to its largest */
@@ -302,7 +302,7 @@ static void impl_free(nccl_impl *n)
 static void nc_destroy(ringattn_comm_t c)
 {
     nccl_impl *n = c->impl;
-    const ra_device_ops *dev = n->dev;
+    const ra_memory_ops *dev = n->dev;
     const int previous = dev->set_device(c->device);
     _Atomic int *count = device_count(c->device);
     if (count) atomic_fetch_sub(count, 1);
@@ -327,7 +327,7 @@ static const struct ra_comm_ops nccl_ops = {
 };
 
 ringattn_status_t ra__comm_create_nccl(const char *fn, ncclComm_t nc, int owned,
-                                       const ra_device_ops *dev, ringattn_comm_t *out)
+                                       const ra_memory_ops *dev, ringattn_comm_t *out)
 {
     int rank = 0, size = 0, device = -1;
     RA_CHECK(ncclCommUserRank(nc, &rank) == ncclSuccess && ncclCommCount(nc, &size) == ncclSuccess &&

@@ -5,7 +5,7 @@
 
 #include <nccl.h>
 
-#include "base/device_ops.h"
+#include "base/memory_ops.h"
 #include "ringattn.h"
 
 /* r, or once nc has settled the call that returned it: a non-blocking communicator's
@@ -15,14 +15,14 @@ ncclResult_t ra__nccl_settle(ncclComm_t nc, ncclResult_t r);
 
 /* A comm over nc (owned: ringattn made it, and aborts and destroys it), on nc's device. */
 ringattn_status_t ra__comm_create_nccl(const char *fn, ncclComm_t nc, int owned,
-                                       const ra_device_ops *dev, ringattn_comm_t *out);
+                                       const ra_memory_ops *dev, ringattn_comm_t *out);
 
 /* A unique id for ra__comm_create_nccl_id, made by the NCCL that will join it. */
 ringattn_status_t ra__nccl_unique_id(const char *fn, ncclUniqueId *id);
 /* Rank `rank` of nranks joined to id on `device` (-1: the current one; put back after), as a comm
    that owns its NCCL communicator. */
 ringattn_status_t ra__comm_create_nccl_id(const char *fn, const ncclUniqueId *id, int nranks,
-                                          int rank, int device, const ra_device_ops *dev,
+                                          int rank, int device, const ra_memory_ops *dev,
                                           ringattn_comm_t *out);
 
 #endif

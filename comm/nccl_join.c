@@ -15,7 +15,7 @@ ringattn_status_t ra__nccl_unique_id(const char *fn, ncclUniqueId *id)
 }
 
 ringattn_status_t ra__comm_create_nccl_id(const char *fn, const ncclUniqueId *id, int nranks,
-                                          int rank, int device, const ra_device_ops *dev,
+                                          int rank, int device, const ra_memory_ops *dev,
                                           ringattn_comm_t *out)
 {
     RA_CHECK(nranks >= 1 && rank >= 0 && rank < nranks, RINGATTN_ERR_INVALID_ARGUMENT,

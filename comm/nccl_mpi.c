@@ -13,7 +13,7 @@
 
 /* The device can be made current here (then put back), so NCCL's initialisation will not fail
    on it while the other ranks wait for this one until the deadline. */
-static int device_usable(const ra_device_ops *dev, int device)
+static int device_usable(const ra_memory_ops *dev, int device)
 {
     if (device < -1) return 0;
     const int previous = dev->set_device(device);
@@ -29,7 +29,7 @@ static int all_ranks(MPI_Comm comm, int flag)
 }
 
 ringattn_status_t ra__comm_create_nccl_over_mpi(const char *fn, const void *mpi_comm_p, int device,
-                                                const ra_device_ops *dev, ringattn_comm_t *out)
+                                                const ra_memory_ops *dev, ringattn_comm_t *out)
 {
     const MPI_Comm mpi_comm = *(const MPI_Comm *)mpi_comm_p;
     RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,

@@ -348,7 +348,7 @@ static const struct ra_comm_ops threads_ops = {
 };
 
 /* The hub and num_ranks comms on it; with dev, a device comm on `device` (-1: the current). */
-ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks, const ra_device_ops *dev,
+ringattn_status_t ra__comm_create_threads(const char *fn, int num_ranks, const ra_memory_ops *dev,
                                           int device, ringattn_comm_t *comms)
 {
     RA_CHECK(comms != NULL, RINGATTN_ERR_INVALID_ARGUMENT,

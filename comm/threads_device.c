@@ -13,7 +13,7 @@
 #include "base/host_stream.h"
 #include "comm/threads_hub.h"
 
-static ringattn_status_t make_rank(const ra_device_ops *d, dev_rank *r)
+static ringattn_status_t make_rank(const ra_memory_ops *d, dev_rank *r)
 {
     RA_TRY(d->stream_create(&r->stream));
     RA_TRY(d->event_create(&r->ready));
@@ -74,7 +74,7 @@ ringattn_status_t ra__threads_device_start(hub *h, int rank, ra_exchange *x, voi
 
 ringattn_status_t ra__threads_device_copy(hub *h, int to, int slot, const post *p, const ra_msg *r)
 {
-    const ra_device_ops *d = h->dev;
+    const ra_memory_ops *d = h->dev;
     const dev_rank *from = &h->ranks[p->src], *dst = &h->ranks[to];
     RA_TRY(d->stream_wait(from->stream, p->ready));
     RA_TRY(d->stream_wait(from->stream, dst->ready));

@@ -8,7 +8,7 @@
 
 #include <pthread.h>
 
-#include "base/device_ops.h"
+#include "base/memory_ops.h"
 #include "comm/comm.h"
 
 /* A message on offer: one per send slot, in its exchange's impl bytes (it lives until the
@@ -61,7 +61,7 @@ typedef struct hub {
     int failed;                  /* some rank failed the comm: every wait ends */
     char reason[RA_COMM_REASON_BYTES];
     /* device comm: messages are device memory of `device`; NULL: host memory */
-    const ra_device_ops *dev;
+    const ra_memory_ops *dev;
     int device;
     dev_rank *ranks; /* [size] */
 } hub;

@@ -10,7 +10,7 @@
 
 #include "ringattn.h"
 
-struct ra_device_ops;
+struct ra_memory_ops;
 
 typedef struct ra_transport_info {
     const char *name;  /* as ringattn_build_info lists it */
@@ -22,7 +22,7 @@ typedef struct ra_transport_info {
     /* NCCL over the ranks of an MPI communicator (ringattn_mpi.h; comm/nccl_mpi.c): mpi_comm
        points to an MPI_Comm, so that this header needs no mpi.h. */
     ringattn_status_t (*over_mpi)(const char *fn, const void *mpi_comm, int device,
-                                  const struct ra_device_ops *dev, ringattn_comm_t *out);
+                                  const struct ra_memory_ops *dev, ringattn_comm_t *out);
 } ra_transport_info;
 
 int ra__transport_count(void);
@@ -36,7 +36,7 @@ ringattn_status_t ra__transport_absent(const char *fn, const char *name);
 ringattn_status_t ra__comm_create_mpi_fortran(const char *fn, int64_t fortran_comm,
                                               ringattn_comm_t *comm);
 ringattn_status_t ra__comm_create_nccl_over_mpi(const char *fn, const void *mpi_comm, int device,
-                                                const struct ra_device_ops *dev,
+                                                const struct ra_memory_ops *dev,
                                                 ringattn_comm_t *out);
 
 #endif

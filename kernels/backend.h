@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/memory_ops.h"
 #include "base/view.h"
 #include "kernels/params.h"
 #include "ringattn.h"
@@ -73,19 +74,14 @@ struct ra_backend {
        load. NULL where any host memory is fine (CPU). */
     ringattn_status_t (*check_tensor)(const struct ra_workspace *ws, const char *fn,
                                       const char *name, const void *data, const ra_view *v);
-    /* Makes `device` the calling thread's current one and returns the previous (-1: none), so
-       that the plan's memory and work land on its device whatever the caller's current one is;
-       NULL where there is no device (CPU). */
-    int (*set_device)(int device);
-    /* The backend's memory (device memory on a GPU), and element work on it, in stream order. */
-    ringattn_status_t (*alloc)(size_t bytes, void **ptr);
-    void (*free)(void *ptr);
-    ringattn_status_t (*zero)(void *dst, size_t bytes, void *stream);
+    /* The backend's memory (device memory on a GPU) and its order: one table for the driver
+       and for device-aware transports (base/memory_ops.h); its entries take the device stream
+       a call's host stream carries (ra__host_stream_device); the entries below take the host
+       stream itself. Never NULL. */
+    const struct ra_memory_ops *memory;
+    /* Element work on the backend's memory, in stream order. */
     ringattn_status_t (*copy)(const ra_copy *c, void *stream);
     ringattn_status_t (*add_f32)(float *dst, const float *src, size_t n, void *stream);
-    /* Between host memory and the backend's: to_host returns when the bytes are there. */
-    ringattn_status_t (*to_host)(void *host, const void *src, size_t bytes, void *stream);
-    ringattn_status_t (*from_host)(void *dst, const void *host, size_t bytes, void *stream);
     ringattn_status_t (*scan)(struct ra_workspace *ws, const ra_kernel_params *prm,
                               const ra_scan_io *io, ra_scan *out);
     /* A ring's agreed scan (this rank's max |Q|, the ring's max |K|) for the call's kernels,
@@ -102,13 +98,6 @@ struct ra_backend {
                                        const ra_fwd_io *io, float *part);
     ringattn_status_t (*merge_f32)(const ra_kernel_params *prm, const float *parts, int n,
                                    size_t stride, const ra_view *o, float *lse, void *stream);
-    /* Order between streams of one device; NULL where all work runs in one order (CPU). */
-    ringattn_status_t (*event_record)(void *event, void *stream);
-    ringattn_status_t (*event_wait)(void *event, void *stream);
-    /* What a device comm needs of the device (ringattn_comm_create_threads_device); NULL:
-       the backend's memory is host memory, which host transports move. */
-    const struct ra_device_ops *device_ops;
-
     /* Attention, one ring step per call (params.h). */
     ringattn_status_t (*attend_forward)(struct ra_workspace *ws, const ra_kernel_params *prm,
                                         const ra_fwd_io *io);

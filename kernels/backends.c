@@ -34,9 +34,9 @@ const char *ra__backend_needs(ringattn_backend_t kind)
                                          : "a build of this library";
 }
 
-const struct ra_device_ops *ra__backend_device_ops(void)
+const struct ra_memory_ops *ra__backend_device_memory(void)
 {
     for (int i = 0; i < ra__backend_count(); i++)
-        if (built[i]->device_ops) return built[i]->device_ops;
+        if (ra__memory_on_device(built[i]->memory)) return built[i]->memory;
     return NULL;
 }

@@ -16,8 +16,8 @@ const struct ra_backend *ra__backend_at(int i);
 /* What a build needs for a backend of that kind, for the message that refuses it
    ("configure with -DRINGATTN_ENABLE_CUDA=ON"). */
 const char *ra__backend_needs(ringattn_backend_t kind);
-/* The device operations of the build's device backend (device comms move its memory); NULL in
+/* The memory table of the build's device backend (device comms move its memory); NULL in
    a build without one. */
-const struct ra_device_ops *ra__backend_device_ops(void);
+const struct ra_memory_ops *ra__backend_device_memory(void);
 
 #endif

@@ -48,7 +48,7 @@ ringattn_status_t ra__buffer_backend(const struct ringattn_plan *p, ra_buffers *
 {
     *out = NULL;
     if (!bytes) return RINGATTN_SUCCESS;
-    RA_TRY(p->be->alloc(bytes, out));
+    RA_TRY(p->be->memory->alloc(bytes, out));
     b->bytes += bytes;
     return RINGATTN_SUCCESS;
 }
@@ -130,7 +130,7 @@ void ra__buffers_free(struct ringattn_plan *p)
                    b->m,     b->l,     b->acc,     b->bias,    b->thr_b,    b->thr_p,
                    b->parts, b->q_packed};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; ++i)
-        if (dev[i]) p->be->free(dev[i]);
+        if (dev[i]) p->be->memory->free(dev[i]);
     free(b->host_own_bias);
     free(b->host_bias);
     free(b->host_global);

@@ -89,7 +89,7 @@ static ringattn_status_t make_all(struct ringattn_plan *p, ra_buffers *b)
     const size_t q_bytes = rows * H * (size_t)k->head_dim * ra__dtype_size(k->dtype);
     if (p->ranks > 1) { /* the call's agreement hashes Q: packed, on the host */
         RA_TRY(ra__buffer_backend(p, b, q_bytes, &b->q_packed));
-        if (p->be->device_ops) RA_TRY(ra__buffer_host(b, q_bytes, (void **)&b->host_q));
+        if (ra__memory_on_device(p->be->memory)) RA_TRY(ra__buffer_host(b, q_bytes, (void **)&b->host_q));
     }
     const size_t thr = k->selects ? Hb * rows : 0;
     RA_TRY(ra__buffer_backend(p, b, thr * sizeof(float), (void **)&b->thr_b));

@@ -188,7 +188,7 @@ static ringattn_status_t check_transport(ringattn_comm_t comm, const ringattn_pl
                                          const struct ra_backend *be)
 {
     if (!comm || comm->size == 1) return RINGATTN_SUCCESS; /* nothing moves */
-    const int device_backend = be->device_ops != NULL;
+    const int device_backend = ra__memory_on_device(be->memory);
     RA_CHECK(device_backend == comm->on_device, RINGATTN_ERR_UNSUPPORTED,
              FN ": comm: the %s transport moves %s memory, but the %s backend's tensors are %s "
                 "memory (%s)",
@@ -197,7 +197,7 @@ static ringattn_status_t check_transport(ringattn_comm_t comm, const ringattn_pl
              device_backend ? "a ring of CUDA plans needs ringattn_comm_create_threads_device"
                             : "use ringattn_comm_create_threads or an MPI comm");
     if (!device_backend) return RINGATTN_SUCCESS;
-    const int device = d->device >= 0 ? d->device : be->set_device(-1);
+    const int device = d->device >= 0 ? d->device : be->memory->set_device(-1);
     RA_CHECK(device == comm->device, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": device: got %d, expected %d, the device of the comm's copies", device,
              comm->device);

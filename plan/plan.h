@@ -67,15 +67,31 @@ static inline const ra_shard *ra__local_keys(const struct ringattn_plan *p)
     return &p->shards[p->ranks > 1 ? p->rank : 0];
 }
 
-/* The plan's device made current for the enclosed work (kernels/backend.h set_device): returns
+/* The plan's device made current for the enclosed work (base/memory_ops.h set_device): returns
    the caller's, which ra__device_leave puts back. No-ops on the CPU. */
 static inline int ra__device_enter(const struct ringattn_plan *p)
 {
-    return p->be && p->be->set_device ? p->be->set_device(p->device) : -1;
+    return p->be && p->be->memory->set_device ? p->be->memory->set_device(p->device) : -1;
 }
 static inline void ra__device_leave(const struct ringattn_plan *p, int previous)
 {
-    if (p->be && p->be->set_device && previous >= 0) p->be->set_device(previous);
+    if (p->be && p->be->memory->set_device && previous >= 0) p->be->memory->set_device(previous);
+}
+
+/* The backend's memory work in the call's order (its device stream; base/memory_ops.h). */
+static inline ringattn_status_t ra__plan_zero(struct ringattn_plan *p, void *dst, size_t bytes)
+{
+    return p->be->memory->zero(dst, bytes, ra__host_stream_device(&p->stream));
+}
+static inline ringattn_status_t ra__plan_from_host(struct ringattn_plan *p, void *dst,
+                                                   const void *host, size_t bytes)
+{
+    return p->be->memory->copy_from_host(dst, host, bytes, ra__host_stream_device(&p->stream));
+}
+static inline ringattn_status_t ra__plan_to_host(struct ringattn_plan *p, void *host,
+                                                 const void *src, size_t bytes)
+{
+    return p->be->memory->copy_to_host(host, src, bytes, ra__host_stream_device(&p->stream));
 }
 
 /* A live plan made by ringattn_plan_create, else an error naming fn: NULL is

@@ -42,8 +42,8 @@ static ringattn_status_t select_over_cache(struct ringattn_plan *p, ra_threshold
     if (p->new_shard >= 0) bias_to_keys(p, &p->shards[p->new_shard], all + at);
     RA_TRY(ra__select_thresholds(p, b->host_global, thr));
     const size_t n = (size_t)p->kp.bias_heads * (size_t)p->queries.rows;
-    RA_TRY(p->be->from_host(b->thr_b, thr->b, n * sizeof *thr->b, &p->stream));
-    return p->be->from_host(b->thr_p, thr->p, n * sizeof *thr->p, &p->stream);
+    RA_TRY(ra__plan_from_host(p, b->thr_b, thr->b, n * sizeof *thr->b));
+    return ra__plan_from_host(p, b->thr_p, thr->p, n * sizeof *thr->p);
 }
 
 /* Every query against one key source (this rank's cache slots, or the new tokens'). */

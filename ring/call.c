@@ -50,7 +50,7 @@ static ringattn_status_t hash_queries(struct ringattn_plan *p, const ra_call *c,
     RA_TRY(p->be->copy(&cq, &p->stream));
     const void *host = p->buf->q_packed;
     if (p->buf->host_q) {
-        RA_TRY(p->be->to_host(p->buf->host_q, p->buf->q_packed, bytes, &p->stream));
+        RA_TRY(ra__plan_to_host(p, p->buf->host_q, p->buf->q_packed, bytes));
         host = p->buf->host_q;
     }
     *hash = bytes ? ra__hash_of(host, bytes) : 0;

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "comm/comm.h"
+#include "masks/topk.h"
 #include "plan/buffers.h"
 #include "plan/select.h"
 #include "ring/ring.h"
@@ -16,8 +17,8 @@
 static ringattn_status_t gather_bias(struct ringattn_plan *p, ra_buffers *b)
 {
     RA_TRY(ra__comm_allgather(p->comm, b->host_own_bias, b->host_bias, b->bias_bytes));
-    return p->be->from_host(b->bias, b->host_bias, (size_t)b->bias_at[p->ranks] * sizeof(float),
-                            &p->stream);
+    return ra__plan_from_host(p, b->bias, b->host_bias,
+                              (size_t)b->bias_at[p->ranks] * sizeof(float));
 }
 
 /* The gathered bias in global token order (the selection ranks whole sequences). */
@@ -51,7 +52,7 @@ static int shard_kept(const struct ringattn_plan *p, const ra_thresholds *thr, i
     for (int hb = 0; hb < p->kp.bias_heads; ++hb) {
         float bmax = -INFINITY;
         for (int64_t j = 0; j < rows; ++j) bmax = fmaxf(bmax, bias[hb * rows + j]);
-        if (!(bmax < thr->lowest[hb])) return 1;
+        if (ra__topk_block_kept(bmax, thr->lowest[hb])) return 1;
     }
     ra__log(RA_LOG_DEBUG, RA_SUB_RING, p->rank, p->ranks,
             "top-k: no local row keeps a key of shard %d: step skipped", s);
@@ -90,8 +91,8 @@ ringattn_status_t ra__ring_prepare(struct ringattn_plan *p, const ra_call *c, in
         if (ring) bias_to_global(p, b);
         RA_TRY(ra__select_thresholds(p, ring ? b->host_global : b->host_own_bias, &thr));
         const size_t n = (size_t)p->kp.bias_heads * (size_t)p->kp.queries->rows;
-        RA_TRY(p->be->from_host(b->thr_b, thr.b, n * sizeof *thr.b, &p->stream));
-        RA_TRY(p->be->from_host(b->thr_p, thr.p, n * sizeof *thr.p, &p->stream));
+        RA_TRY(ra__plan_from_host(p, b->thr_b, thr.b, n * sizeof *thr.b));
+        RA_TRY(ra__plan_from_host(p, b->thr_p, thr.p, n * sizeof *thr.p));
         out->thr_b = b->thr_b;
         out->thr_p = b->thr_p;
     }

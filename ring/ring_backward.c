@@ -95,8 +95,8 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c)
     const int r = p->rank, H = p->kp.num_heads, D = p->kp.head_dim;
     const int64_t rows = p->kp.queries->rows;
     RA_TRY(ra__ring_pack_own(p, c));
-    RA_TRY(p->be->zero(b->own_part, ra__shard_grad_bytes(p, r), &p->stream));
-    RA_TRY(p->be->zero(b->acc, (size_t)rows * H * D * sizeof(float), &p->stream));
+    RA_TRY(ra__plan_zero(p, b->own_part, ra__shard_grad_bytes(p, r)));
+    RA_TRY(ra__plan_zero(p, b->acc, (size_t)rows * H * D * sizeof(float)));
     const ra_view dq = {(char *)b->acc, (int64_t)H * D, D, sizeof(float)};
     void *sums[2] = {b->own_part, b->sums[1]}; /* step 0 sums into own_part; then 1, 0, ... */
     ringattn_status_t st = RINGATTN_SUCCESS;
@@ -119,8 +119,7 @@ ringattn_status_t ra__ring_backward(struct ringattn_plan *p, const ra_call *c)
         if (t == 0) { /* own_part keeps our part; the shard arriving for step 1 starts at zero */
             sums[0] = b->sums[0];
             if (moving)
-                RA_TRY(p->be->zero(sums[1], ra__shard_grad_bytes(p, ra__held_shard(p, r, 1)),
-                                   &p->stream));
+                RA_TRY(ra__plan_zero(p, sums[1], ra__shard_grad_bytes(p, ra__held_shard(p, r, 1))));
             continue;
         }
         RA_TRY(pass_sums(p, sums, cur, t, moving));

@@ -80,14 +80,11 @@ int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_spa
                     int64_t *row);
 
 /* Memory and element work (memory.c): host memory, in the calling thread's order. */
-ringattn_status_t ra__cpu_alloc(size_t bytes, void **ptr);
-void ra__cpu_free(void *ptr);
-ringattn_status_t ra__cpu_zero(void *dst, size_t bytes, void *stream);
+extern const ra_memory_ops ra__host_memory;
 ringattn_status_t ra__cpu_copy(const ra_copy *c, void *stream);
 ringattn_status_t ra__cpu_add_f32(float *dst, const float *src, size_t n, void *stream);
 /* dst[i] += src[i], i < n (the backend op above, and the backward's partial sums) */
 void ra__cpu_add_floats(float *restrict dst, const float *restrict src, size_t n);
-ringattn_status_t ra__cpu_move(void *dst, const void *src, size_t bytes, void *stream);
 ringattn_status_t ra__cpu_scan(struct ra_workspace *ws, const ra_kernel_params *p,
                                const ra_scan_io *io, ra_scan *out);
 ringattn_status_t ra__cpu_merge(const ra_merge_io *io, void *stream);

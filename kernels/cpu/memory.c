@@ -13,7 +13,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
 
-ringattn_status_t ra__cpu_alloc(size_t bytes, void **ptr)
+static ringattn_status_t host_alloc(size_t bytes, void **ptr)
 {
     const size_t rounded = (bytes + 63) & ~(size_t)63; /* aligned_alloc: a multiple of 64 */
     *ptr = aligned_alloc(64, rounded ? rounded : 64);
@@ -22,21 +22,31 @@ ringattn_status_t ra__cpu_alloc(size_t bytes, void **ptr)
     return RINGATTN_SUCCESS;
 }
 
-void ra__cpu_free(void *ptr) { free(ptr); }
+static void host_free(void *ptr) { free(ptr); }
 
-ringattn_status_t ra__cpu_zero(void *dst, size_t bytes, void *stream)
+static ringattn_status_t host_zero(void *dst, size_t bytes, void *stream)
 {
     (void)stream;
     if (bytes) memset(dst, 0, bytes);
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t ra__cpu_move(void *dst, const void *src, size_t bytes, void *stream)
+static ringattn_status_t host_move(void *dst, const void *src, size_t bytes, void *stream)
 {
     (void)stream;
     if (bytes) memcpy(dst, src, bytes);
     return RINGATTN_SUCCESS;
 }
+
+/* Host memory, in call order: no device, streams or events (base/memory_ops.h). */
+const ra_memory_ops ra__host_memory = {
+    .name = "host",
+    .alloc = host_alloc,
+    .free = host_free,
+    .zero = host_zero,
+    .copy_from_host = host_move,
+    .copy_to_host = host_move,
+};
 
 ringattn_status_t ra__cpu_copy(const ra_copy *c, void *stream)
 {

@@ -10,7 +10,7 @@
 #include "kernels/cuda/forward_launch.cuh"
 
 extern "C" {
-#include "base/device_ops.h"
+#include "base/memory_ops.h"
 #include "base/error.h"
 #include "base/host_stream.h"
 #include "kernels/backend.h"
@@ -75,16 +75,10 @@ ringattn_status_t ra__cuda_merge_f32(const ra_kernel_params *prm, const float *p
 // kernels/cuda/memory.cu: the backend's memory and element work.
 ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr);
 void ra__cuda_free(void *ptr);
-ringattn_status_t ra__cuda_zero(void *dst, size_t bytes, void *stream);
 ringattn_status_t ra__cuda_copy(const ra_copy *c, void *stream);
 ringattn_status_t ra__cuda_add_f32(float *dst, const float *src, size_t n, void *stream);
-ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, void *stream);
-ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream);
 ringattn_status_t ra__cuda_scan(struct ra_workspace *ws, const ra_kernel_params *prm,
                                 const ra_scan_io *io, ra_scan *out);
 ringattn_status_t ra__cuda_scan_agreed(struct ra_workspace *ws, const ra_kernel_params *prm,
                                        const ra_scan *agreed, void *stream);
-ringattn_status_t ra__cuda_event_record(void *event, void *stream);
-ringattn_status_t ra__cuda_event_wait(void *event, void *stream);
-int ra__cuda_set_device(int device);
-extern "C" const ra_device_ops ra__cuda_device_ops; // a device comm's (comm/threads_device.c)
+extern "C" const ra_memory_ops ra__cuda_memory; // the backend's and a device comm's

@@ -1,6 +1,7 @@
-// The CUDA backend's memory and element work (kernels/backend.h): device memory, copies between
-// strided views (float32 sums into the storage dtype), float32 adds, the SPEC 9 input scan, in
-// the call's stream order. Nothing here waits for the device except to_host, which must.
+// The CUDA backend's memory and element work (kernels/backend.h): the memory table (device
+// memory, host copies, streams and events: base/memory_ops.h), copies between strided views
+// (float32 sums into the storage dtype), float32 adds, the SPEC 9 input scan, in the call's
+// stream order. Nothing here waits for the device except copy_to_host, which must.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cstdio>
@@ -29,8 +30,7 @@ void ra__cuda_free(void *ptr) { cudaFree(ptr); }
 
 namespace {
 
-// On a raw stream (a cudaStream_t): the device operations' form (device_ops_table, below); the
-// backend's own take the call's host stream.
+// The memory table's entries take raw streams (a cudaStream_t; base/memory_ops.h).
 ringattn_status_t raw_zero(void *dst, size_t bytes, void *stream)
 {
     if (bytes) RA_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream), "cudaMemsetAsync");
@@ -42,30 +42,20 @@ ringattn_status_t raw_from_host(void *dst, const void *host, size_t bytes, void 
 {
     if (bytes)
         RA_CUDA_TRY(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream),
-                    "cudaMemcpyAsync");
+                    "cudaMemcpyAsync (host to device)");
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes, void *stream)
+{
+    if (!bytes) return RINGATTN_SUCCESS;
+    RA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream),
+                "cudaMemcpyAsync (device to host)");
+    RA_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
     return RINGATTN_SUCCESS;
 }
 
 } // namespace
-
-ringattn_status_t ra__cuda_zero(void *dst, size_t bytes, void *stream)
-{
-    return raw_zero(dst, bytes, ra__cuda_stream(stream));
-}
-
-ringattn_status_t ra__cuda_to_host(void *host, const void *src, size_t bytes, void *stream)
-{
-    if (!bytes) return RINGATTN_SUCCESS;
-    const cudaStream_t s = ra__cuda_stream(stream);
-    RA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-    RA_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    return RINGATTN_SUCCESS;
-}
-
-ringattn_status_t ra__cuda_from_host(void *dst, const void *host, size_t bytes, void *stream)
-{
-    return raw_from_host(dst, host, bytes, ra__cuda_stream(stream));
-}
 
 namespace {
 
@@ -192,7 +182,7 @@ ringattn_status_t ra__cuda_scan(struct ra_workspace *wsp, const ra_kernel_params
         RA_CUDA_TRY((cudaError_t)st, "scan kernel launch");
     }
     float host[3];
-    RA_TRY(ra__cuda_to_host(host, ws->absmax, sizeof host, io->stream));
+    RA_TRY(raw_to_host(host, ws->absmax, sizeof host, s));
     unsigned count;
     std::memcpy(&count, &host[2], sizeof count);
     *out = ra_scan{host[0], host[1], (int64_t)count, 0};
@@ -205,10 +195,10 @@ ringattn_status_t ra__cuda_scan_agreed(struct ra_workspace *wsp, const ra_kernel
 {
     if (agreed->on_device || p->dtype == RINGATTN_FLOAT16) return RINGATTN_SUCCESS;
     const float both[2] = {agreed->q_absmax, agreed->k_absmax};
-    return ra__cuda_from_host(ra__cuda_ws(wsp)->absmax, both, sizeof both, stream);
+    return raw_from_host(ra__cuda_ws(wsp)->absmax, both, sizeof both, ra__cuda_stream(stream));
 }
 
-int ra__cuda_set_device(int device)
+static int set_device(int device)
 {
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess) return -1;
@@ -219,7 +209,7 @@ int ra__cuda_set_device(int device)
     return previous;
 }
 
-// Events on raw streams (a device comm's), and on a call's (the backend table's).
+// The rest of the memory table: streams and events of the device.
 namespace {
 
 ringattn_status_t raw_record(void *event, void *stream)
@@ -234,21 +224,6 @@ ringattn_status_t raw_wait(void *stream, void *event)
                 "cudaStreamWaitEvent");
     return RINGATTN_SUCCESS;
 }
-
-} // namespace
-
-ringattn_status_t ra__cuda_event_record(void *event, void *stream)
-{
-    return raw_record(event, ra__cuda_stream(stream));
-}
-
-ringattn_status_t ra__cuda_event_wait(void *event, void *stream)
-{
-    return raw_wait(ra__cuda_stream(stream), event);
-}
-
-// The device ops of a device comm (base/device_ops.h): raw streams and events of the device.
-namespace {
 
 ringattn_status_t stream_create(void **stream)
 {
@@ -289,14 +264,6 @@ ringattn_status_t event_query(void *event, int *done)
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t raw_to_host(void *host, const void *src, size_t bytes, void *stream)
-{
-    RA_CUDA_TRY(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream),
-                "cudaMemcpyAsync (device to host)");
-    RA_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
-    return RINGATTN_SUCCESS;
-}
-
 ringattn_status_t stream_capturing(void *stream, int *capturing)
 {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -305,11 +272,11 @@ ringattn_status_t stream_capturing(void *stream, int *capturing)
     return RINGATTN_SUCCESS;
 }
 
-ra_device_ops device_ops_table()
+ra_memory_ops memory_table()
 {
-    ra_device_ops d{};
+    ra_memory_ops d{};
     d.name = "CUDA";
-    d.set_device = ra__cuda_set_device;
+    d.set_device = set_device;
     d.stream_create = stream_create;
     d.stream_destroy = stream_destroy;
     d.event_create = event_create;
@@ -329,4 +296,4 @@ ra_device_ops device_ops_table()
 
 } // namespace
 
-extern "C" const ra_device_ops ra__cuda_device_ops = device_ops_table();
+extern "C" const ra_memory_ops ra__cuda_memory = memory_table();

@@ -1,20 +1,23 @@
 /*
- * What a device-aware transport needs of a device runtime: streams, events and asynchronous
- * device-to-device copies, all on one device. A device backend provides the table
- * (kernels/cuda/memory.cu: CUDA's); comm/threads_device.c uses it, so that comm/ reaches no
- * runtime directly. Streams and events are the runtime's handles (cudaStream_t, cudaEvent_t).
- * Internal.
+ * A backend's memory and its order, as one table: allocation, zeroing and host copies for the
+ * ring driver (kernels/backend.h `memory`), and on a device also the streams, events and
+ * asynchronous device-to-device copies a device-aware transport needs (comm/threads_device.c,
+ * comm/nccl.c), so that neither ring/ nor comm/ reaches a runtime directly. Every entry takes
+ * the runtime's own handles (a cudaStream_t, a cudaEvent_t; NULL: the default stream), never
+ * the call's ra_host_stream. Host memory's table (kernels/cpu/memory.c) has no streams: its
+ * stream and event entries are NULL and its stream arguments unused. Internal.
  */
-#ifndef RINGATTN_BASE_DEVICE_OPS_H
-#define RINGATTN_BASE_DEVICE_OPS_H
+#ifndef RINGATTN_BASE_MEMORY_OPS_H
+#define RINGATTN_BASE_MEMORY_OPS_H
 
 #include <stddef.h>
 
 #include "ringattn.h"
 
-typedef struct ra_device_ops {
+typedef struct ra_memory_ops {
     const char *name;
-    /* Makes `device` current (-1: leaves it) and returns the previous current one (-1: error). */
+    /* Makes `device` current (-1: leaves it) and returns the previous current one (-1: error);
+       NULL for host memory. */
     int (*set_device)(int device);
     ringattn_status_t (*stream_create)(void **stream); /* non-blocking, high priority */
     void (*stream_destroy)(void *stream);
@@ -37,6 +40,9 @@ typedef struct ra_device_ops {
     ringattn_status_t (*copy_to_host)(void *host, const void *src, size_t bytes, void *stream);
     /* *capturing = 1 while stream is capturing a graph (its work recorded, not run). */
     ringattn_status_t (*stream_capturing)(void *stream, int *capturing);
-} ra_device_ops;
+} ra_memory_ops;
+
+/* Device memory (a table with streams), which host transports cannot move. */
+static inline int ra__memory_on_device(const ra_memory_ops *m) { return m->stream_create != NULL; }
 
 #endif
