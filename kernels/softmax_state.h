@@ -87,17 +87,17 @@ RA_HD void ra__state_update(float *m, float *l, float *acc, int dv, const float 
     *l = alpha * *l + sum;
 }
 
-/* SPEC 4 finalise: an empty row (l == 0) gives O = 0 exactly and LSE = -inf. */
+/* SPEC 4 finalise, the one rule of both backends: O = acc * ra__state_out_scale(l) and
+   LSE = ra__state_lse(m, l); an empty row (l == 0) gives O = 0 exactly and LSE = -inf. The
+   CUDA kernels apply the two to their register fragments, whose empty rows hold acc = 0. */
+RA_HD float ra__state_out_scale(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
+RA_HD float ra__state_lse(float m, float l) { return l == 0.0f ? -INFINITY : m + logf(l); }
+
 RA_HD void ra__state_finalize(float m, float l, const float *acc, int dv, float *o, float *lse)
 {
-    if (l == 0.0f) {
-        for (int c = 0; c < dv; ++c) o[c] = 0.0f;
-        *lse = -INFINITY;
-        return;
-    }
-    const float inv = 1.0f / l;
-    for (int c = 0; c < dv; ++c) o[c] = acc[c] * inv;
-    *lse = m + logf(l);
+    const float inv = ra__state_out_scale(l);
+    for (int c = 0; c < dv; ++c) o[c] = l == 0.0f ? 0.0f : acc[c] * inv; /* 0, whatever acc */
+    *lse = ra__state_lse(m, l);
 }
 
 /* An LSE marking an empty partial: -inf (ours, FlashAttention 3) or +inf (FlashAttention 2). */

@@ -4,7 +4,7 @@
 ra_block_kind ra__classify_block(ra_window w, int64_t delta, const ra_span *q, const ra_span *k,
                                  int32_t *row_begin, int32_t *row_end)
 {
-    int any = 0, all = 1;
+    int any = 0;
     const int same = q->seq == k->seq && k->count > 0;
     for (int64_t a = 0; a < q->count; ++a) {
         int64_t b = 0, e = 0;
@@ -12,8 +12,7 @@ ra_block_kind ra__classify_block(ra_window w, int64_t delta, const ra_span *q, c
         if (row_begin) row_begin[a] = (int32_t)b;
         if (row_end) row_end[a] = (int32_t)e;
         if (e > b) any = 1;
-        if (b != 0 || e != k->count) all = 0;
     }
     if (!any) return RA_BLOCK_EMPTY;
-    return all ? RA_BLOCK_FULL : RA_BLOCK_PARTIAL;
+    return ra__spans_full(w, delta, q, k) ? RA_BLOCK_FULL : RA_BLOCK_PARTIAL; /* one FULL test */
 }

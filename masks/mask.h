@@ -101,7 +101,8 @@ RA_HD void ra__key_hull(ra_window w, int64_t delta, const ra_span *q, const ra_s
 /*
  * Is every pair of query span q and key span k allowed (SPEC 3: a FULL block)? Both bounds of
  * a query's interval grow with its position, so the last query's lower bound and the first
- * query's upper bound decide. O(1); ra__classify_block's FULL, for the CUDA kernels (RA_HD).
+ * query's upper bound decide. O(1), RA_HD: the one FULL test, of ra__classify_block and of the
+ * CUDA kernels.
  */
 RA_HD int ra__spans_full(ra_window w, int64_t delta, const ra_span *q, const ra_span *k)
 {

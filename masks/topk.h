@@ -21,6 +21,12 @@ extern "C" {
    so that the CPU's loop vectorises. */
 #define RA_TOPK_KEEPS(b, p, tb, tp) (((b) > (tb)) | (((b) == (tb)) & ((p) <= (tp))))
 
+/* SPEC 6 skipping, the one definition of ring/prepare.c and both backends: some row whose
+   threshold bias is at least tmin may keep some key of a block (a tile, a shard) whose largest
+   bias is bmax, unless bmax < tmin; then no row keeps any, and the block is skipped exactly.
+   NaN keeps the block. */
+RA_HD int ra__topk_block_kept(float bmax, float tmin) { return !(bmax < tmin); }
+
 typedef struct ra_topk_key {
     float bias;
     int32_t pos;

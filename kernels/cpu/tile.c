@@ -160,7 +160,7 @@ int ra__tile_dyn(const ra_kernel_params *p, const ra_dyn_io *io, int h, int64_t 
     }
     out->tmin = tmin;
     out->whole = tmax < bmin;
-    return !(bmax < tmin);
+    return ra__topk_block_kept(bmax, tmin);
 }
 
 RA_CPU_CLONES void ra__tile_logits(const ra_kernel_params *p, ra_thread_ws *w, int h,

@@ -37,11 +37,13 @@ int ra__walk_next(ra_tile_walk *w, ra_span *tile, int64_t *row, ra_block_kind *k
         *tile = (ra_span){seg->span.seq, seg->span.pos + t0 * seg->span.stride, seg->span.stride,
                           left < w->block ? left : w->block};
         *row = seg->row + t0;
+        /* FULL by the O(1) test (masks/mask.h), which needs no row intervals; the rows of
+           any other tile are classified, since a PARTIAL tile's mask uses their intervals */
         const int64_t delta = w->p->delta[w->mine->seq];
-        *kind = w->mine_is_query ? ra__classify_block(w->p->window, delta, w->mine, tile,
-                                                      w->row_begin, w->row_end)
-                                 : ra__classify_block(w->p->window, delta, tile, w->mine,
-                                                      w->row_begin, w->row_end);
+        const ra_span *q = w->mine_is_query ? w->mine : tile, *k = w->mine_is_query ? tile : w->mine;
+        *kind = ra__spans_full(w->p->window, delta, q, k)
+                    ? RA_BLOCK_FULL
+                    : ra__classify_block(w->p->window, delta, q, k, w->row_begin, w->row_end);
         if (*kind != RA_BLOCK_EMPTY) return 1;
     }
 }

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
                     const ra_span qs{qseg.span.seq, qseg.span.pos + i0 * qseg.span.stride,
                                      qseg.span.stride, left < a.bq ? left : a.bq};
                     const float tmin = load_queries(a, s, rows, h, qs, qseg.row + i0, delta, qshift);
-                    if (a.f.thr_b && kmax < tmin) continue; // SPEC 6: no row keeps a key here
+                    if (a.f.thr_b && !ra__topk_block_kept(kmax, tmin)) continue; // SPEC 6
                     const bool full = !a.f.thr_b && ra__spans_full(a.f.window, delta, &qs, &ks);
                     pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, full, qshift);
                     // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij

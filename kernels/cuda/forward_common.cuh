@@ -188,7 +188,7 @@ __device__ __forceinline__ void for_each_key_tile(const ra_fwd_tile_args &a, con
             const int n = left < bk ? (int)left : bk;
             if (a.thr_b) {
                 const int j = (int)threadIdx.x;
-                const bool keeps = j < n && !(brow[kseg.row + k0 + j] < tmin);
+                const bool keeps = j < n && ra__topk_block_kept(brow[kseg.row + k0 + j], tmin);
                 if (!__syncthreads_or(keeps)) continue;
             }
             const ra_span kt{kseg.span.seq, kseg.span.pos + k0 * kseg.span.stride,

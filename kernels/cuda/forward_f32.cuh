@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
     }
     // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
     // acc = 0, so O = 0 exactly, and LSE = -inf
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const float inv = ra__state_out_scale(l);
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
         }
     if (owner) {
         ra_count_global_store(a.lse + at, 4);
-        a.lse[at] = l == 0.0f ? -INFINITY : m + logf(l);
+        a.lse[at] = ra__state_lse(m, l);
     }
 }
 

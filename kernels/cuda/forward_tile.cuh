@@ -256,8 +256,8 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
                 }
             continue;
         }
-        // SPEC 4 finalise: an empty row gives O = 0 and LSE = -inf
-        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        // SPEC 4 finalise (softmax_state.h): an empty row gives O = 0 and LSE = -inf
+        const float inv = ra__state_out_scale(l[r]);
         uint16_t *o = static_cast<uint16_t *>(a.o) + v0 + (int64_t)(qb + rows[r]) * a.o_row +
                       (int64_t)h * a.o_head;
         RA_UNROLL
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
         }
         if (t == 0 && owner) {
             ra_count_global_store(a.lse + at, 4);
-            a.lse[at] = l[r] == 0.0f ? -INFINITY : m[r] + logf(l[r]);
+            a.lse[at] = ra__state_lse(m[r], l[r]);
         }
     }
 }

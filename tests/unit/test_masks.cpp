@@ -52,7 +52,7 @@ void check_one(ra_window w, int64_t delta, const ra_span &q, const ra_span &k)
     const ra_block_kind kind = ra__classify_block(w, delta, &q, &k, rb.data(), re.data());
     const ra_block_kind kind_null = ra__classify_block(w, delta, &q, &k, nullptr, nullptr);
     REQUIRE(kind == kind_null);
-    // the kernels' O(1) FULL test says the same as the classifier
+    // the O(1) FULL test (the classifier's and the CUDA kernels') says what the pairs say below
     REQUIRE((ra__spans_full(w, delta, &q, &k) != 0) == (kind == RA_BLOCK_FULL));
     // The sentinel after the last row is never written.
     REQUIRE(rb[(size_t)q.count] == -7);
