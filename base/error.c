@@ -1,4 +1,5 @@
-/* Status names and strings, version, the thread-local last-error message and the debug trail. */
+/* Status names and texts, the thread-local last-error message and the debug trail (the public
+   functions over them are api/library.c's). */
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -25,7 +26,7 @@ ringattn_status_t ra__fail_at(const char *file, int line, ringattn_status_t stat
     va_end(ap);
     if (ra__log_enabled(RA_LOG_DEBUG, RA_SUB_ERROR))
         ra__log(RA_LOG_DEBUG, RA_SUB_ERROR, -1, 0, "%s:%d -> %s: %s", file, line,
-                ringattn_status_name(status), last_error);
+                ra__status_name(status), last_error);
     return status;
 }
 
@@ -33,13 +34,13 @@ ringattn_status_t ra__trail(const char *file, int line, ringattn_status_t status
 {
     if (ra__log_enabled(RA_LOG_DEBUG, RA_SUB_ERROR))
         ra__log(RA_LOG_DEBUG, RA_SUB_ERROR, -1, 0, "%s:%d -> %s", file, line,
-                ringattn_status_name(status));
+                ra__status_name(status));
     return status;
 }
 
 void ra__clear_error(void) { last_error[0] = '\0'; }
 
-const char *ringattn_last_error(void) { return last_error; }
+const char *ra__last_error(void) { return last_error; }
 
 /* Every status: its name (the enumerator) and its text, in one table (ringattn.h). */
 static const struct {
@@ -63,24 +64,14 @@ static int status_index(ringattn_status_t status)
     return -1;
 }
 
-const char *ringattn_status_string(ringattn_status_t status)
+const char *ra__status_text(ringattn_status_t status)
 {
     const int i = status_index(status);
     return i < 0 ? "unknown status" : statuses[i].text;
 }
 
-const char *ringattn_status_name(ringattn_status_t status)
+const char *ra__status_name(ringattn_status_t status)
 {
     const int i = status_index(status);
     return i < 0 ? "RINGATTN_STATUS_UNKNOWN" : statuses[i].name;
-}
-
-int ringattn_version(void) { return RINGATTN_VERSION; }
-
-#define RA_STR2(x) #x
-#define RA_STR(x) RA_STR2(x)
-const char *ringattn_version_string(void)
-{
-    return RA_STR(RINGATTN_VERSION_MAJOR) "." RA_STR(RINGATTN_VERSION_MINOR) "." RA_STR(
-        RINGATTN_VERSION_PATCH);
 }

@@ -11,6 +11,11 @@
 ringattn_status_t ra__fail(ringattn_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void ra__clear_error(void);
+/* This thread's last message, and the name ("RINGATTN_ERR_COMM") and text ("communication
+   error") of a status: ringattn_last_error, _status_name and _status_string. */
+const char *ra__last_error(void);
+const char *ra__status_name(ringattn_status_t status);
+const char *ra__status_text(ringattn_status_t status);
 /* The same from RA_CHECK, and RA_TRY's propagation: at RINGATTN_LOG=debug each logs
    "file:line -> RINGATTN_ERR_..." (subsystem "error"), the trail of a failure up to its public
    call, as NCCL's NCCLCHECK does. The files are relative to the source tree. */

@@ -1,7 +1,8 @@
 /*
  * Logging (log.h). The settings are read once from the environment; a callback set by
- * ringattn_set_log_callback takes the lines instead of stderr or the file. Lines from several
- * threads (ranks as threads) never interleave: one lock around the sinks.
+ * ra__set_log_callback (ringattn_set_log_callback) takes the lines instead of stderr or the
+ * file. Lines from several threads (ranks as threads) never interleave: one lock around the
+ * sinks.
  */
 #define _POSIX_C_SOURCE 200809L /* gethostname, localtime_r */
 #include <pthread.h>
@@ -147,27 +148,20 @@ void ra__log(enum ra_log_level l, enum ra_log_subsys s, int rank, int ranks, con
     pthread_mutex_unlock(&mu);
 }
 
-ringattn_status_t ringattn_set_log_callback(ringattn_log_fn fn, void *user,
-                                            ringattn_log_level_t level)
+void ra__set_log_callback(ringattn_log_fn fn, void *user, ringattn_log_level_t level)
 {
-    RA_CHECK(level >= RINGATTN_LOG_OFF && level <= RINGATTN_LOG_TRACE,
-             RINGATTN_ERR_INVALID_ARGUMENT,
-             "ringattn_set_log_callback: level: got %d, expected RINGATTN_LOG_OFF .. _TRACE",
-             (int)level);
     pthread_once(&once, read_settings);
     pthread_mutex_lock(&mu);
     g.callback = fn;
     g.user = fn ? user : NULL;
     atomic_store(&effective_level, fn ? (int)level : g.level);
     pthread_mutex_unlock(&mu);
-    ra__clear_error();
-    return RINGATTN_SUCCESS;
 }
 
 void ra__log_failure(enum ra_log_subsys s, int rank, int ranks, int status)
 {
     const int refused = status == RINGATTN_ERR_INVALID_ARGUMENT ||
                         status == RINGATTN_ERR_INVALID_USAGE || status == RINGATTN_ERR_UNSUPPORTED;
-    ra__log(refused ? RA_LOG_INFO : RA_LOG_WARN, s, rank, ranks, "%s (%s)", ringattn_last_error(),
-            ringattn_status_string((ringattn_status_t)status));
+    ra__log(refused ? RA_LOG_INFO : RA_LOG_WARN, s, rank, ranks, "%s (%s)", ra__last_error(),
+            ra__status_text((ringattn_status_t)status));
 }

@@ -7,6 +7,8 @@
 #ifndef RINGATTN_BASE_LOG_H
 #define RINGATTN_BASE_LOG_H
 
+#include "ringattn.h"
+
 enum ra_log_level { RA_LOG_OFF = 0, RA_LOG_WARN, RA_LOG_INFO, RA_LOG_DEBUG, RA_LOG_TRACE };
 
 /* Who logs: the filter's names are "plan", "ring", "comm", "kernels", "error" (the debug trail
@@ -28,5 +30,9 @@ void ra__log(enum ra_log_level level, enum ra_log_subsys subsys, int rank, int r
 /* A failed public call's message as its log line (README, "Logging"): at warn for failures of
    the system (comm, CUDA, memory, internal), at info for refused arguments and usage. */
 void ra__log_failure(enum ra_log_subsys subsys, int rank, int ranks, int status);
+
+/* The caller's sink for every line at or below level (fn NULL: back to the environment's
+   settings); level already checked (api/library.c). */
+void ra__set_log_callback(ringattn_log_fn fn, void *user, ringattn_log_level_t level);
 
 #endif

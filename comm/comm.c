@@ -74,7 +74,7 @@ void ra__comm_beacon_detach(ringattn_comm_t c, void *stream)
 ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st)
 {
     char msg[RA_COMM_REASON_BYTES];
-    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    strncpy(msg, ra__last_error(), sizeof msg - 1);
     msg[sizeof msg - 1] = '\0';
     if (!c->failed) {
         c->failed = 1;
@@ -101,7 +101,7 @@ static ringattn_status_t fail_in(ringattn_comm_t c, ringattn_status_t st, const 
                                  const char *what)
 {
     char msg[RA_COMM_REASON_BYTES];
-    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    strncpy(msg, ra__last_error(), sizeof msg - 1);
     msg[sizeof msg - 1] = '\0';
     return ra__comm_fail(c, ra__fail(st, "%s: %s: %s", fn, what, msg));
 }
@@ -233,7 +233,7 @@ ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x)
     const ringattn_status_t st = c->ops->exchange_wait(c, x);
     if (st == RINGATTN_SUCCESS) return st;
     char msg[RA_COMM_REASON_BYTES];
-    strncpy(msg, ringattn_last_error(), sizeof msg - 1);
+    strncpy(msg, ra__last_error(), sizeof msg - 1);
     msg[sizeof msg - 1] = '\0';
     return ra__comm_fail(c, ra__fail(st, "%s: %s (rank %d: ring step %d of call %u)",
                                      c->call_fn ? c->call_fn : "ringattn",

@@ -170,7 +170,7 @@ ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x);
 /* While a call's ring runs, the kernels' polls of stream send c's heartbeats (ops->beat). */
 void ra__comm_beacon_attach(ringattn_comm_t c, void *stream);
 void ra__comm_beacon_detach(ringattn_comm_t c, void *stream);
-/* Called with the failure's message recorded (ringattn_last_error): the comm is failed. */
+/* Called with the failure's message recorded (ra__last_error): the comm is failed. */
 ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st);
 
 #endif

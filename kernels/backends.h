@@ -19,5 +19,7 @@ const char *ra__backend_needs(ringattn_backend_t kind);
 /* The memory table of the build's device backend (device comms move its memory); NULL in
    a build without one. */
 const struct ra_memory_ops *ra__backend_device_memory(void);
+/* What the CPU kernels run on, one line (ringattn_cpu_kernels; kernels/cpu/isa.c). */
+const char *ra__cpu_kernels(void);
 
 #endif

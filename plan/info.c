@@ -1,14 +1,15 @@
-/* ringattn_plan_get_info and the plan's log lines at creation. */
+/* What a plan will do and holds (ringattn_plan_get_info, api/plan.c) and its log lines at
+   creation. */
 #include "base/error.h"
 #include "base/log.h"
-#include "base/abi.h"
+#include "base/version.h"
+#include "kernels/backends.h"
 #include "plan/buffers.h"
 #include "plan/cache.h"
 #include "plan/info.h"
 #include "plan/schedule.h"
 
-/* Every field of this version's info struct. */
-static void info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
+void ra__plan_info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
 {
     size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
     if (p->cache)
@@ -39,18 +40,6 @@ static void info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
     info->memory_bytes = info->workspace_bytes + info->buffer_bytes + info->host_bytes;
 }
 
-ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan, ringattn_plan_info_t *info)
-{
-    static const char fn[] = "ringattn_plan_get_info";
-    RA_TRY(ra__plan_check(fn, plan));
-    RA_TRY(ra__info_check(fn, info));
-    ringattn_plan_info_t full = RINGATTN_PLAN_INFO_INIT;
-    info_fill(plan, &full);
-    ra__info_out(&full, info);
-    ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
-    return RINGATTN_SUCCESS;
-}
-
 void ra__plan_log(const struct ringattn_plan *p)
 {
     if (!ra__log_enabled(RA_LOG_INFO, RA_SUB_PLAN)) return;
@@ -58,10 +47,9 @@ void ra__plan_log(const struct ringattn_plan *p)
     static const char *layouts[] = {"contiguous", "zigzag", "striped"};
     const ra_kernel_params *k = &p->kp;
     ringattn_plan_info_t info = RINGATTN_PLAN_INFO_INIT;
-    info_fill(p, &info);
+    ra__plan_info_fill(p, &info);
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s; cpu kernels: %s",
-            ringattn_version_string(), p->be->name, p->ranks, layouts[p->layout],
-            ringattn_cpu_kernels());
+            RA_VERSION_STRING, p->be->name, p->ranks, layouts[p->layout], ra__cpu_kernels());
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
             "(%lld, %lld), scale %g, softcap %g, alibi %s",

@@ -1,5 +1,5 @@
 /*
- * ringattn_plan_create / _destroy. Creation validates the descriptor (check.c), agrees on it
+ * Plans made and freed (ringattn_plan_create / _destroy, api/plan.c). Creation validates the descriptor (check.c), agrees on it
  * across the ring (agree.c), then makes everything a call needs -- token maps, schedule,
  * kernel params, the backend's workspace and the ring's buffers -- so that no call allocates.
  */
@@ -199,8 +199,8 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     return st;
 }
 
-static ringattn_status_t plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                     ringattn_plan_t *plan)
+ringattn_status_t ra__plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
+                                  ringattn_plan_t *plan)
 {
     if (comm != NULL && !ra__registry_contains(comm)) {
         ra__comm_refused(); /* no comm to agree over: the next agreement carries it */
@@ -240,18 +240,7 @@ static ringattn_status_t plan_create(ringattn_comm_t comm, const ringattn_plan_d
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                       ringattn_plan_t *plan)
-{
-    const ringattn_status_t st = plan_create(comm, desc, plan);
-    if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
-        const int live = comm && ra__registry_contains(comm);
-        ra__log_failure(RA_SUB_PLAN, live ? comm->rank : -1, live ? comm->size : 0, st);
-    }
-    return st;
-}
-
-ringattn_status_t ringattn_plan_destroy(ringattn_plan_t plan)
+ringattn_status_t ra__plan_destroy(ringattn_plan_t plan)
 {
     if (plan == NULL) return RINGATTN_SUCCESS;
     RA_CHECK(ra__registry_remove(plan), RINGATTN_ERR_INVALID_USAGE,

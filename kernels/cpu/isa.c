@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/backends.h"
 #include "ringattn.h"
 
 static const char *element_loops(void)
@@ -42,7 +43,7 @@ static void describe(void)
 #endif
 }
 
-const char *ringattn_cpu_kernels(void)
+const char *ra__cpu_kernels(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, describe);

@@ -5,7 +5,9 @@
   the public headers (include/); kernels/cuda/device.cuh alone may include emu/ (the emulated
   build's wrapper);
 - calls: MPI (`MPI_Xxx(`) and NCCL (`ncclXxx(`) are called in comm/ only;
-- builds: `#if`s on RINGATTN_HAVE_CUDA/_MPI/_NCCL only in the two registries.
+- builds: `#if`s on RINGATTN_HAVE_CUDA/_MPI/_NCCL only in the two registries;
+- the API: public functions (`ringattn_xxx(...) {`) are defined in api/ only, and the floors
+  below it never call one (they call the ra__ function the public one wraps).
 
 usage: floors.py SOURCE_DIR   (exit 1 with each breach listed)
 """
@@ -17,6 +19,9 @@ EXTS = (".c", ".h", ".cu", ".cuh", ".cpp", ".hpp")
 REGISTRIES = {"kernels/backends.c", "comm/transports.c"}
 WRAPPER_MAY_USE = {"kernels/cuda/device.cuh": {"emu"}}
 LIBRARY = ("base", "masks", "kernels", "comm", "plan", "ring", "api", "tools")
+ABOVE_API = ("api", "tools")  # may define (api/) and call the public functions
+PUBLIC_DEF = re.compile(r"^[A-Za-z_][\w \t*]*?\b(ringattn_[a-z0-9_]+)\s*\([^;{]*\)\s*\{", re.M)
+PUBLIC_CALL = re.compile(r"\b(ringattn_[a-z0-9_]+)(?<!_t)(?<!_fn)\s*\(")  # not a type's "(*"
 
 
 def read_floors(design):
@@ -70,9 +75,19 @@ def main(root):
                 if re.match(r"\s*#\s*(if|ifdef|ifndef|elif)\b.*RINGATTN_HAVE_(CUDA|MPI|NCCL)\b", line) \
                         and rel not in REGISTRIES and folder != "emu":
                     breaches.append(f"{rel}:{n}: a build #if outside the registries: {line.strip()}")
+            code = strip_comments(text)
+            for m in PUBLIC_DEF.finditer(code):
+                if folder != "api":
+                    n = code.count("\n", 0, m.start(1)) + 1
+                    breaches.append(f"{rel}:{n}: defines the public {m.group(1)} outside api/")
+            if folder not in ABOVE_API:
+                defined = {m.start(1) for m in PUBLIC_DEF.finditer(code)}
+                for m in PUBLIC_CALL.finditer(code):
+                    if m.start(1) not in defined:
+                        n = code.count("\n", 0, m.start()) + 1
+                        breaches.append(f"{rel}:{n}: calls the public {m.group(1)} below api/")
             if folder in ("comm", "emu"):
                 continue
-            code = strip_comments(text)
             for m in re.finditer(r"\b(MPI_[A-Z][a-z0-9_]*|nccl[A-Z]\w*)\s*\(", code):
                 n = code.count("\n", 0, m.start()) + 1
                 breaches.append(f"{rel}:{n}: calls {m.group(1)} outside comm/")
@@ -82,7 +97,8 @@ def main(root):
         print(f"floors: {len(breaches)} breach(es) of docs/DESIGN.md's floors")
         return 1
     print(f"floors: {files} files in {len(LIBRARY) + 1} folders keep docs/DESIGN.md's floors "
-          f"(includes, MPI/NCCL calls in comm/, build #ifs in the registries)")
+          f"(includes, MPI/NCCL calls in comm/, build #ifs in the registries, public "
+          f"functions in api/)")
     return 0
 
 
