@@ -4,7 +4,7 @@
  * asynchronous device-to-device copies a device-aware transport needs (comm/threads_device.c,
  * comm/nccl.c), so that neither ring/ nor comm/ reaches a runtime directly. Every entry takes
  * the runtime's own handles (a cudaStream_t, a cudaEvent_t; NULL: the default stream), never
- * the call's ra_host_stream. Host memory's table (kernels/cpu/memory.c) has no streams: its
+ * the call's ra_call_stream. Host memory's table (kernels/cpu/memory.c) has no streams: its
  * stream and event entries are NULL and its stream arguments unused. Internal.
  */
 #ifndef RINGATTN_BASE_MEMORY_OPS_H

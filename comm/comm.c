@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 
@@ -61,12 +61,12 @@ static void beacon(void *ctx)
 
 void ra__comm_beacon_attach(ringattn_comm_t c, void *stream)
 {
-    if (stream) (void)ra__host_stream_attach(stream, beacon, c); /* full: no beacon, no harm */
+    if (stream) (void)ra__call_stream_attach(stream, beacon, c); /* full: no beacon, no harm */
 }
 
 void ra__comm_beacon_detach(ringattn_comm_t c, void *stream)
 {
-    if (stream) ra__host_stream_detach(stream, c);
+    if (stream) ra__call_stream_detach(stream, c);
 }
 
 #define RECREATE "destroy its plans and the comm, then create a new comm on every rank"

@@ -52,7 +52,7 @@ typedef struct ra_msg {
 typedef struct ra_exchange {
     ra_msg send[RA_EXCHANGE_SLOTS], recv[RA_EXCHANGE_SLOTS];
     ringattn_comm_t comm;
-    void *stream; /* host transports: the ra_host_stream it is attached to, or NULL */
+    void *stream; /* host transports: the ra_call_stream it is attached to, or NULL */
     int tag;      /* slot i uses tag + i (ra__comm_next_tag) */
     unsigned call; /* the comm's call number when it started */
     int step;      /* the ring step it belongs to, for messages (set by the caller) */
@@ -71,7 +71,7 @@ struct ra_comm_ops {
     ringattn_status_t (*allgather)(ringattn_comm_t c, const void *send, void *recv,
                                    const size_t *bytes);
     /* Data plane: post the exchange after the work already ordered on stream (host
-       transports: attached to the ra_host_stream, whose polls let it progress). */
+       transports: attached to the ra_call_stream, whose polls let it progress). */
     ringattn_status_t (*exchange_start)(ringattn_comm_t c, ra_exchange *x, void *stream);
     /* *done = 1 once the exchange has completed (exchange_wait is still called). */
     ringattn_status_t (*exchange_test)(ringattn_comm_t c, ra_exchange *x, int *done);

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "base/log.h"
 #include "base/registry.h"
 #include "comm/comm.h"
@@ -221,7 +221,7 @@ static ringattn_status_t cu_start(ringattn_comm_t c, ra_exchange *x, void *strea
             return st;
         }
     }
-    if (stream && ra__host_stream_attach(stream, poll_exchange, x) == 0) x->stream = stream;
+    if (stream && ra__call_stream_attach(stream, poll_exchange, x) == 0) x->stream = stream;
     return RINGATTN_SUCCESS;
 }
 
@@ -236,7 +236,7 @@ static ringattn_status_t cu_test(ringattn_comm_t c, ra_exchange *x, int *done)
 
 static ringattn_status_t cu_wait(ringattn_comm_t c, ra_exchange *x)
 {
-    if (x->stream) ra__host_stream_detach(x->stream, x);
+    if (x->stream) ra__call_stream_detach(x->stream, x);
     x->stream = NULL;
     exchange_state *s = state_of(x);
     return wait_all(c, s->req, RA_EXCHANGE_SLOTS, &s->fail, "exchange");

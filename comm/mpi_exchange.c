@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "comm/mpi_impl.h"
 
 enum { WINDOW = 4, CHANNELS = 2 * RA_EXCHANGE_SLOTS }; /* channels: sends, then receives */
@@ -180,7 +180,7 @@ ringattn_status_t ra__mpi_exchange_start(ringattn_comm_t c, ra_exchange *x, void
             return st;
         }
     }
-    if (stream && ra__host_stream_attach(stream, poll_exchange, x) == 0) x->stream = stream;
+    if (stream && ra__call_stream_attach(stream, poll_exchange, x) == 0) x->stream = stream;
     return RINGATTN_SUCCESS;
 }
 
@@ -192,7 +192,7 @@ ringattn_status_t ra__mpi_exchange_test(ringattn_comm_t c, ra_exchange *x, int *
 
 ringattn_status_t ra__mpi_exchange_wait(ringattn_comm_t c, ra_exchange *x)
 {
-    if (x->stream) ra__host_stream_detach(x->stream, x);
+    if (x->stream) ra__call_stream_detach(x->stream, x);
     x->stream = NULL;
     const double limit = ra__comm_timeout_s();
     double last = ra__comm_now(), beat = last; /* the deadline counts time without progress */

@@ -24,7 +24,7 @@
 
 #include "base/memory_ops.h"
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "comm/nccl_comm.h"
@@ -208,7 +208,7 @@ static ringattn_status_t nc_start(ringattn_comm_t c, ra_exchange *x, void *strea
     x->comm = c;
     x->tag = ra__comm_next_tag(c);
     x->stream = stream;
-    RA_TRY(n->dev->event_record(n->ready, ra__host_stream_device(stream)));
+    RA_TRY(n->dev->event_record(n->ready, ra__call_stream_device(stream)));
     RA_TRY(n->dev->stream_wait(n->stream, n->ready));
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < RA_EXCHANGE_SLOTS && r == ncclSuccess; ++i) {
@@ -234,7 +234,7 @@ static ringattn_status_t nc_test(ringattn_comm_t c, ra_exchange *x, int *done)
 static ringattn_status_t nc_wait(ringattn_comm_t c, ra_exchange *x)
 {
     nccl_impl *n = c->impl;
-    return n->dev->stream_wait(ra__host_stream_device(x->stream), n->done);
+    return n->dev->stream_wait(ra__call_stream_device(x->stream), n->done);
 }
 
 static void nc_notify_failure(ringattn_comm_t c)

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "comm/threads_hub.h"
@@ -129,7 +129,7 @@ static ringattn_status_t th_start(ringattn_comm_t c, ra_exchange *x, void *strea
     pthread_mutex_unlock(&h->mu);
     /* a host comm progresses while the CPU kernels poll; a device comm's copies are queued
        when the receiver matches them (start, test, wait) and run on the device */
-    if (!h->dev && stream && ra__host_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
+    if (!h->dev && stream && ra__call_stream_attach(stream, th_poll, x) == 0) x->stream = stream;
     ringattn_status_t st = RINGATTN_SUCCESS;
     if (h->dev) { /* queue the copies of messages already on offer */
         pthread_mutex_lock(&h->mu);
@@ -155,7 +155,7 @@ static ringattn_status_t th_wait(ringattn_comm_t c, ra_exchange *x)
 {
     hub *h = c->impl;
     ringattn_status_t st = RINGATTN_SUCCESS;
-    if (x->stream) ra__host_stream_detach(x->stream, x);
+    if (x->stream) ra__call_stream_detach(x->stream, x);
     x->stream = NULL;
     struct timespec until = deadline();
     pthread_mutex_lock(&h->mu);

@@ -10,7 +10,7 @@
  * and stream is made at comm creation, so an exchange allocates nothing (threads_hub.h).
  */
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "comm/threads_hub.h"
 
 static ringattn_status_t make_rank(const ra_memory_ops *d, dev_rank *r)
@@ -61,7 +61,7 @@ ringattn_status_t ra__threads_device_start(hub *h, int rank, ra_exchange *x, voi
              "(a device comm has one at a time)",
              rank);
     exchange_state *s = state_of(x);
-    s->compute = ra__host_stream_device(compute);
+    s->compute = ra__call_stream_device(compute);
     s->sends = s->receives = 0;
     for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i) {
         if (x->send[i].bytes) s->sends |= 1u << i;

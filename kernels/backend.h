@@ -76,7 +76,7 @@ struct ra_backend {
                                       const char *name, const void *data, const ra_view *v);
     /* The backend's memory (device memory on a GPU) and its order: one table for the driver
        and for device-aware transports (base/memory_ops.h); its entries take the device stream
-       a call's host stream carries (ra__host_stream_device); the entries below take the host
+       a call's call stream carries (ra__call_stream_device); the entries below take the host
        stream itself. Never NULL. */
     const struct ra_memory_ops *memory;
     /* Element work on the backend's memory, in stream order. */

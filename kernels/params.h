@@ -72,7 +72,7 @@ typedef struct ra_fwd_io {
        lse) is too large for log(l) to survive in it (ra__lse_lossy); nothing else is written */
     int stats_only;
     int scale_q_first;    /* SPEC 9: scale Q before the product (it could overflow after) */
-    void *stream;         /* CPU: the plan's ra_host_stream, polled between tiles */
+    void *stream;         /* CPU: the plan's ra_call_stream, polled between tiles */
     ra_dyn_io dyn;
 } ra_fwd_io;
 

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "kernels/backend.h"
 #include "kernels/params.h"
 #include "masks/shard.h"
@@ -46,7 +46,7 @@ struct ringattn_plan {
     int device;
     struct ra_workspace *ws;
     size_t ws_bytes;
-    ra_host_stream stream; /* the CPU backend's: host transports attach to it */
+    ra_call_stream stream; /* the CPU backend's: host transports attach to it */
     /* The ring: a single-rank plan has comm == NULL and ranks == 1. */
     ringattn_comm_t comm;
     int rank, ranks;
@@ -81,17 +81,17 @@ static inline void ra__device_leave(const struct ringattn_plan *p, int previous)
 /* The backend's memory work in the call's order (its device stream; base/memory_ops.h). */
 static inline ringattn_status_t ra__plan_zero(struct ringattn_plan *p, void *dst, size_t bytes)
 {
-    return p->be->memory->zero(dst, bytes, ra__host_stream_device(&p->stream));
+    return p->be->memory->zero(dst, bytes, ra__call_stream_device(&p->stream));
 }
 static inline ringattn_status_t ra__plan_from_host(struct ringattn_plan *p, void *dst,
                                                    const void *host, size_t bytes)
 {
-    return p->be->memory->copy_from_host(dst, host, bytes, ra__host_stream_device(&p->stream));
+    return p->be->memory->copy_from_host(dst, host, bytes, ra__call_stream_device(&p->stream));
 }
 static inline ringattn_status_t ra__plan_to_host(struct ringattn_plan *p, void *host,
                                                  const void *src, size_t bytes)
 {
-    return p->be->memory->copy_to_host(host, src, bytes, ra__host_stream_device(&p->stream));
+    return p->be->memory->copy_to_host(host, src, bytes, ra__call_stream_device(&p->stream));
 }
 
 /* A live plan made by ringattn_plan_create, else an error naming fn: NULL is

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "kernels/cpu/backward.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
@@ -180,7 +180,7 @@ ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kern
             const int nk = ra__tiling_tile(&kt, io->keys, task / Hk, &ks, &krow);
             sum_key_tile(p, io, &parts, krow, nk, (int)(task % Hk));
             if (io->dyn.dbias && task % Hk == 0) sum_key_tile_dbias(p, io, &parts, krow, nk);
-            if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
+            if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);
         }
     }
     ra__cpu_blas_single_thread_end(blas_threads);

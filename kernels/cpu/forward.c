@@ -8,7 +8,7 @@
 #include "kernels/cpu/threads.h"
 
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/softmax_state.h"
@@ -113,20 +113,20 @@ static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
     const float *q_in = ra__tile_load(io->q, p->dtype, qrow, nq, h, D, w->q, &ldq);
     const ra_qtile q = ra__qtile(p, q_in, ldq, nq, io->scale_q_first, w->q_scaled);
     state_begin(p, io, w, h, qrow, nq);
-    ra_key_pieces kp;
-    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->keys, h, bk);
-    for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
+    ra_key_pieces pieces;
+    ra__pieces_begin(&pieces, p, &io->dyn, w, qs, qrow, io->keys, h, bk);
+    for (ra_piece piece; (piece = ra__pieces_next(&pieces)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
-            forward_batch(p, io, w, qs, &q, h, &kp.batch, &kp.sel);
+            forward_batch(p, io, w, qs, &q, h, &pieces.batch, &pieces.sel);
             continue;
         }
-        const int nk = (int)kp.ks.count;
-        const float *k = ra__tile_load(io->k, p->dtype, kp.krow, nk, g, D, w->k, &ldk);
-        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, &q, k, ldk, NULL,
-                        kp.use);
+        const int nk = (int)pieces.ks.count;
+        const float *k = ra__tile_load(io->k, p->dtype, pieces.krow, nk, g, D, w->k, &ldk);
+        ra__tile_logits(p, w, h, qs, &pieces.ks, p->delta[qs->seq], pieces.kind, &q, k, ldk, NULL,
+                        pieces.use);
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
         if (io->stats_only) continue;
-        const float *v = ra__tile_load(io->v, p->dtype, kp.krow, nk, g, Dv, w->v, &ldv);
+        const float *v = ra__tile_load(io->v, p->dtype, pieces.krow, nk, g, Dv, w->v, &ldv);
         /* P in two bfloat16 parts where the products are bfloat16 (ra_rounding) */
         ra__cpu_gemm(w, RA_BF16_SPLIT_A, 0, 0, nq, Dv, nk, 1.0f, w->s, nk, v, ldv, 1.0f, w->acc,
                      Dv);
@@ -162,7 +162,7 @@ ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kerne
         ra__tiling_tile(&qt, p->queries, task / H, &qs, &qrow);
         if (!io->stats_only || tile_needs_stats(p, io, h, qrow, (int)qs.count))
             forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, h, p->block_k);
-        if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
+        if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);
     }
     ra__cpu_blas_single_thread_end(blas_threads);
     return RINGATTN_SUCCESS;

@@ -9,7 +9,7 @@
 #include "kernels/cpu/threads.h"
 #include <string.h>
 
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "kernels/cpu/backward.h"
 
 /* The task's partial: dK, dV rows of kv head g and dBias row (NULL without dBias), slot j. */
@@ -73,19 +73,19 @@ static void query_tile(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
     int64_t ldk, ldv;
     const ra_q_side qd = ra__load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
-    ra_key_pieces kp;
-    ra__pieces_begin(&kp, p, &io->dyn, w, qs, qrow, io->keys, h, p->block_k);
-    for (ra_piece piece; (piece = ra__pieces_next(&kp)) != RA_PIECE_END;) {
+    ra_key_pieces pieces;
+    ra__pieces_begin(&pieces, p, &io->dyn, w, qs, qrow, io->keys, h, p->block_k);
+    for (ra_piece piece; (piece = ra__pieces_next(&pieces)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
-            batch_pair(p, io, w, qs, h, g, &qd, &kp.batch, &kp.sel, t);
+            batch_pair(p, io, w, qs, h, g, &qd, &pieces.batch, &pieces.sel, t);
             continue;
         }
-        const int nk = (int)kp.ks.count;
-        const int64_t kr = kp.krow;
+        const int nk = (int)pieces.ks.count;
+        const int64_t kr = pieces.krow;
         const float *k = ra__tile_load(io->k, p->dtype, kr, nk, g, D, w->k, &ldk);
         const float *v = ra__tile_load(io->v, p->dtype, kr, nk, g, Dv, w->v, &ldv);
-        ra__tile_logits(p, w, h, qs, &kp.ks, p->delta[qs->seq], kp.kind, &qd.logits_q, k, ldk,
-                        ra__tanh_buf(p, w), kp.use);
+        ra__tile_logits(p, w, h, qs, &pieces.ks, p->delta[qs->seq], pieces.kind, &qd.logits_q, k,
+                        ldk, ra__tanh_buf(p, w), pieces.use);
         ra__tile_grads(p, w, nq, nk, &qd, v, ldv, t->db ? t->db + kr : NULL);
         pair_products(p, w, &qd, nq, nk, k, ldk, t->dk + kr * D, t->dv + kr * Dv, 1.0f);
     }
@@ -115,6 +115,6 @@ void ra__grads_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws
             if (io->dyn.dbias && per_head) t.db = ra__bwd_slot_db(parts, j, h, tk);
             query_tile(p, io, w, &qs, qrow, h, g, &t);
         }
-        if (omp_get_thread_num() == 0) ra__host_stream_poll(io->stream);
+        if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);
     }
 }

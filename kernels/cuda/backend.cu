@@ -183,12 +183,12 @@ ringattn_status_t cuda_check_tensor(const struct ra_workspace *wsp, const char *
 
 // The logit's and the mask's part of a step's kernel arguments (both directions): the local
 // queries' Q against the held shard's K, V (keys, one of the params' key shards).
-ra_fwd_tile_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra_view *q,
+ra_attn_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra_view *q,
                            const ra_view *k, const ra_view *v, const ra_shard *keys,
                            const ra_dyn_io *dyn, const float *lse)
 {
     const int s = (int)(keys - p->key_shards);
-    ra_fwd_tile_args a{};
+    ra_attn_args a{};
     a.q = q->data, a.k = k->data, a.v = v->data;
     a.q_row = q->row, a.q_head = q->head, a.k_row = k->row, a.k_head = k->head;
     a.v_row = v->row, a.v_head = v->head;
@@ -209,7 +209,7 @@ ra_fwd_tile_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, cons
 }
 
 // The backward's own arguments: the prologue's row arrays, the query segments by sequence.
-ra_bwd_args backward_args(const ra_cuda_ws *ws, const ra_kernel_params *p, ra_fwd_tile_args f)
+ra_bwd_args backward_args(const ra_cuda_ws *ws, const ra_kernel_params *p, ra_attn_args f)
 {
     ra_bwd_args a{};
     a.f = f;
@@ -229,7 +229,7 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
     if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
-    ra_fwd_tile_args a = step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn, io->lse);
+    ra_attn_args a = step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn, io->lse);
     a.m = io->m, a.l = io->l, a.acc = io->acc;
     a.first = io->first, a.last = io->last;
     const cudaStream_t stream = ra__cuda_stream(io->stream);
@@ -258,7 +258,7 @@ ringattn_status_t cuda_backward_prologue(struct ra_workspace *wsp, const ra_kern
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
     if (p->queries->rows == 0) return RINGATTN_SUCCESS;
-    ra_fwd_tile_args f{};
+    ra_attn_args f{};
     f.heads = p->num_heads, f.tq = (int)p->queries->rows, f.dv = p->head_dim_v;
     f.lse = const_cast<float *>(io->lse);
     ra_bwd_args a = backward_args(ws, p, f);

@@ -7,7 +7,7 @@
 #include "kernels/cuda/forward_common.cuh"
 
 struct ra_bwd_args {
-    ra_fwd_tile_args f;      // Q, K, V, the segments, the logit and the mask (f.o, f.m, ... unused)
+    ra_attn_args f;      // Q, K, V, the segments, the logit and the mask (f.o, f.m, ... unused)
     const void *dout;        // [T_q, H, D_v]
     int64_t do_row, do_head;
     // outputs: the storage dtype, or float32 sums added to with accumulate (ring steps)

@@ -12,7 +12,7 @@
 extern "C" {
 #include "base/memory_ops.h"
 #include "base/error.h"
-#include "base/host_stream.h"
+#include "base/call_stream.h"
 #include "kernels/backend.h"
 }
 
@@ -52,10 +52,10 @@ ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what);
         if (ra_cuda_e_ != cudaSuccess) return ra__cuda_fail(ra_cuda_e_, what); \
     } while (0)
 
-// The call's stream (the caller's, carried on the plan's host stream; NULL: the default).
+// The call's stream (the caller's, carried on the plan's call stream; NULL: the default).
 static inline cudaStream_t ra__cuda_stream(void *stream)
 {
-    return (cudaStream_t)ra__host_stream_device(stream);
+    return (cudaStream_t)ra__call_stream_device(stream);
 }
 
 // Element kernels' launch shape: RA_CUDA_THREADS per block, grid-stride loops past 4096 blocks.

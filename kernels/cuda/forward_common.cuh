@@ -15,7 +15,9 @@ extern "C" {
 #include "kernels/softmax_state.h"
 #include "masks/shard.h"
 
-struct ra_fwd_tile_args {
+// The attention kernels' arguments: the tensor-core and float32 forwards take them as they
+// are, the backward inside its own (ra_bwd_args.f).
+struct ra_attn_args {
     // [T_q, H, D], [T_k, H_kv, D], [T_k, H_kv, D_v] of the storage dtype (element strides)
     const void *q, *k, *v;
     int64_t q_row, q_head, k_row, k_head, v_row, v_head;
@@ -78,7 +80,7 @@ struct row_ctx {
     bool live;            // inside its tile
 };
 
-__device__ __forceinline__ row_ctx make_row(const ra_fwd_tile_args &a, int h, int64_t local_row,
+__device__ __forceinline__ row_ctx make_row(const ra_attn_args &a, int h, int64_t local_row,
                                             int64_t pos, int64_t delta, bool live, int qshift)
 {
     row_ctx r{pos, delta, a.alibi ? a.alibi[h] : 0.0f, nullptr, INFINITY, 0, qshift, live};
@@ -93,7 +95,7 @@ __device__ __forceinline__ row_ctx make_row(const ra_fwd_tile_args &a, int h, in
 
 // SPEC 2 and 9: raw product z (of Q shifted by 2^-qshift) times the scale, or with a softcap the
 // tanh's argument z scale / softcap.
-__device__ __forceinline__ float scaled(const ra_fwd_tile_args &a, int qshift, float z)
+__device__ __forceinline__ float scaled(const ra_attn_args &a, int qshift, float z)
 {
     z *= a.softcap > 0.0f ? a.softcap_scale : a.scale;
     return qshift ? ldexpf(z, qshift) : z;
@@ -104,7 +106,7 @@ __device__ __forceinline__ float scaled(const ra_fwd_tile_args &a, int qshift, f
 // Softcap and ALiBi on the scaled product, the bias added last and not scaled; a -inf bias, or
 // a key the row's top-k selection drops, masks the key.
 template <bool Masked>
-__device__ __forceinline__ float logit(const ra_fwd_tile_args &a, const row_ctx &r, float z,
+__device__ __forceinline__ float logit(const ra_attn_args &a, const row_ctx &r, float z,
                                        bool key_in, int64_t pj, int64_t kr)
 {
     if (Masked && (!r.live || !key_in || !ra__allowed(a.window, r.delta, 0, r.pos, 0, pj)))
@@ -124,7 +126,7 @@ __device__ __forceinline__ float logit(const ra_fwd_tile_args &a, const row_ctx 
 // SPEC 9: when D max|q| max|k| could overflow float32 in the product, Q is scaled by 2^-qshift
 // first (exact: a power of two) and the logit by 2^qshift after the softmax scale. NaN or
 // infinite inputs are left to propagate, as on the CPU.
-__device__ __forceinline__ int q_shift(const ra_fwd_tile_args &a)
+__device__ __forceinline__ int q_shift(const ra_attn_args &a)
 {
     if (!a.absmax) return 0;
     const double bound = (double)a.d * a.absmax[0] * a.absmax[1];
@@ -149,7 +151,7 @@ template <int WARPS> __device__ __forceinline__ float block_min(float v)
 
 // The query tile of work item `item`: its span (positions within its sequence) and its first
 // local row.
-__device__ __forceinline__ void query_tile(const ra_fwd_tile_args &a, int item, int bq,
+__device__ __forceinline__ void query_tile(const ra_attn_args &a, int item, int bq,
                                            ra_span *tile, int64_t *first_row)
 {
     const ra_segment seg = a.qsegs[a.work[2 * item]];
@@ -175,7 +177,7 @@ struct key_tile {
 // block has at least bk threads).
 // brow: the head's key-bias row (with a selection). Every thread of the block calls it.
 template <class Body>
-__device__ __forceinline__ void for_each_key_tile(const ra_fwd_tile_args &a, const ra_span &qtile,
+__device__ __forceinline__ void for_each_key_tile(const ra_attn_args &a, const ra_span &qtile,
                                                   int64_t delta, int bk, const float *brow,
                                                   float tmin, Body body)
 {

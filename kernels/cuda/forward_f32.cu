@@ -4,7 +4,7 @@
 
 namespace {
 template <int D, int DV> struct f32_launch {
-    static int run(const ra_fwd_tile_args &a, dim3 grid, cudaStream_t s)
+    static int run(const ra_attn_args &a, dim3 grid, cudaStream_t s)
     {
         int st;
         RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(ra_fwd32::THREADS), ra_fwd_f32_smem(D, DV), s, a);
@@ -13,7 +13,7 @@ template <int D, int DV> struct f32_launch {
 };
 } // namespace
 
-int ra__cuda_forward_f32(const ra_fwd_tile_args &a, int tiles, cudaStream_t s)
+int ra__cuda_forward_f32(const ra_attn_args &a, int tiles, cudaStream_t s)
 {
     return ra__cuda_dispatch_dims<f32_launch>(a, tiles, s);
 }

@@ -17,7 +17,7 @@ constexpr int BQ = 64, BK = 16, THREADS = 2 * BQ;
 }
 
 template <int D, int DV>
-__global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_fwd_tile_args a)
+__global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
 {
     using namespace ra_fwd;
     constexpr int BQ = ra_fwd32::BQ, BK = ra_fwd32::BK, QS = D + 4; // Q rows padded: fewer conflicts

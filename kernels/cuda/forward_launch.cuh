@@ -30,7 +30,7 @@ inline int ra__cuda_dim_v_blocks(int dv) { return dv > 128 ? (dv + 127) / 128 : 
 
 // Launcher<D, DV>::run(a, grid, stream) for the tiles of a.d and a.dv; 0 or a cudaError_t.
 template <template <int, int> class Launcher>
-int ra__cuda_dispatch_dims(const ra_fwd_tile_args &a, int tiles, cudaStream_t s)
+int ra__cuda_dispatch_dims(const ra_attn_args &a, int tiles, cudaStream_t s)
 {
     const dim3 grid((unsigned)tiles, (unsigned)a.heads, (unsigned)ra__cuda_dim_v_blocks(a.dv));
     auto dv = [&](auto d) {
@@ -54,5 +54,5 @@ int ra__cuda_dispatch_dims(const ra_fwd_tile_args &a, int tiles, cudaStream_t s)
 }
 
 // forward_tile.cu (bf16, f16 on tensor cores) and forward_f32.cu (float32 on FFMA).
-int ra__cuda_forward_tile(const ra_fwd_tile_args &a, int tiles, cudaStream_t s);
-int ra__cuda_forward_f32(const ra_fwd_tile_args &a, int tiles, cudaStream_t s);
+int ra__cuda_forward_tile(const ra_attn_args &a, int tiles, cudaStream_t s);
+int ra__cuda_forward_f32(const ra_attn_args &a, int tiles, cudaStream_t s);

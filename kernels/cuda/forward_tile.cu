@@ -4,7 +4,7 @@
 
 namespace {
 template <int D, int DV> struct tile_launch {
-    static int run(const ra_fwd_tile_args &a, dim3 grid, cudaStream_t s)
+    static int run(const ra_attn_args &a, dim3 grid, cudaStream_t s)
     {
         int st;
         RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), grid, dim3(128), ra_fwd_tile_smem(D, DV), s, a);
@@ -13,7 +13,7 @@ template <int D, int DV> struct tile_launch {
 };
 } // namespace
 
-int ra__cuda_forward_tile(const ra_fwd_tile_args &a, int tiles, cudaStream_t s)
+int ra__cuda_forward_tile(const ra_attn_args &a, int tiles, cudaStream_t s)
 {
     return ra__cuda_dispatch_dims<tile_launch>(a, tiles, s);
 }

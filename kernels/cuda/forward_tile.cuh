@@ -77,7 +77,7 @@ __device__ __forceinline__ uint32_t split_p(bool bf16, float &x0, float &x1)
 
 // Grid: (the work list's query tiles, heads); 128 threads.
 template <int D, int DV>
-__global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_fwd_tile_args a)
+__global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
 {
     using namespace ra_fwd;
     RA_DYNAMIC_SMEM(uint16_t, sm);

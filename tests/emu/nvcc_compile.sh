@@ -14,8 +14,8 @@ cat > "$work/emu_test_kernels.cu" <<'CU'
 #include "tests/emu/emu_test_kernels.cuh"
 #include "kernels/cuda/forward_tile.cuh"
 #include "kernels/cuda/forward_f32.cuh"
-template __global__ void ra_fwd_f32_kernel<64, 64>(ra_fwd_tile_args);
-template __global__ void ra_fwd_tile_kernel<64, 64>(ra_fwd_tile_args);
+template __global__ void ra_fwd_f32_kernel<64, 64>(ra_attn_args);
+template __global__ void ra_fwd_tile_kernel<64, 64>(ra_attn_args);
 CU
 for arch in sm_80 sm_90; do
     # one compilation per arch: -keep leaves its PTX (in keep_$arch/) for the grep below

@@ -112,7 +112,7 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
                     for (int64_t j = 0; j < g.span.count; ++j)
                         bias.push_back(pb.bias_buf[(size_t)hb * c.Tk() + c.cuk()[g.span.seq] +
                                                    g.span.pos + j * g.span.stride]);
-            ra_fwd_tile_args a{};
+            ra_attn_args a{};
             a.q = q.data(), a.k = k.data(), a.v = v.data();
             a.q_row = (int64_t)H * D, a.q_head = D, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
             a.v_row = (int64_t)c.hkv() * DV, a.v_head = DV;
