@@ -27,16 +27,18 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
     if (plan->comm) RA_TRY(ra__comm_check_stream(plan->comm, fn, stream));
     plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
-    if ((plan->comm || t->key_bias || plan->cache) && ra__memory_on_device(plan->be->memory)) {
+    if ((plan->comm || t->key_bias || plan->kind->waits_on_host) &&
+        ra__memory_on_device(plan->be->memory)) {
         /* a capture records work without running it, and a ring call's agreements, like a key
            bias's check and thresholds, wait on the host for values its queued work produces
            (DESIGN: the NCCL transport) */
         int capturing = 0;
         RA_TRY(plan->be->memory->stream_capturing(stream, &capturing));
         RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
-                 "%s: stream: it is capturing a CUDA graph, but a call %s cannot be captured "
+                 "%s: stream: it is capturing a CUDA graph, but a call %s%s cannot be captured "
                  "(it waits on the host for its queued work); call it outside the capture", fn,
-                 plan->comm ? "over a comm" : plan->cache ? "of a KV cache plan" : "with a key bias");
+                 plan->comm ? "over a comm" : plan->kind->waits_on_host ? "of " : "with a key bias",
+                 !plan->comm && plan->kind->waits_on_host ? plan->kind->name : "");
     }
     return RINGATTN_SUCCESS;
 }
@@ -112,7 +114,7 @@ static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
     if (tk) RA_TRY(check_memory(fn, p, "key_bias", a->key_bias, NULL));
     if (a->key_bias)
         RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
-    return p->cache ? make_new_kv(fn, p, t, a) : RINGATTN_SUCCESS;
+    return make_new_kv(fn, p, t, a); /* a KV cache plan's, else nothing */
 }
 
 /* The backward's own tensors: dO and the gradients. */
@@ -163,11 +165,9 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
     }
     ringattn_tensors_t t;
     ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
-    if (st == RINGATTN_SUCCESS && backward && plan->cache)
-        st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
-                      "%s: the plan attends a KV cache (sharded_cache or cu_seqlens_new): "
-                      "inference plans are forward only",
-                      fn);
+    if (st == RINGATTN_SUCCESS && backward && plan->kind->backward == NULL)
+        st = ra__fail(RINGATTN_ERR_UNSUPPORTED, "%s: the plan is %s, which is forward only", fn,
+                      plan->kind->name);
     if (st == RINGATTN_SUCCESS && backward && plan->be->attend_backward == NULL)
         st = ra__fail(RINGATTN_ERR_UNSUPPORTED,
                       "%s: the %s backend has no backward kernels yet (forward only)", fn,
@@ -208,9 +208,7 @@ static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringat
     ra_call c = {0};
     ringattn_status_t st = call_begin(fn, plan, t, stream, backward, &c);
     if (st == RINGATTN_SUCCESS)
-        st = call_ring(fn, plan, &c,
-                       backward ? ra__ring_backward
-                                : plan->cache ? ra__cache_forward : ra__ring_forward);
+        st = call_ring(fn, plan, &c, backward ? plan->kind->backward : plan->kind->forward);
     if (previous >= 0) ra__device_leave(plan, previous);
     if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
         const int live = ra__registry_contains(plan);

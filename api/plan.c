@@ -1,5 +1,6 @@
 /* ringattn_plan_create, _destroy and _get_info (ringattn.h): the plan floor's work (plan/plan.c,
    plan/info.c) behind the public names, with a failed creation's message as its log line. */
+#include "api/kinds.h"
 #include "base/abi.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -11,7 +12,7 @@
 ringattn_status_t ringattn_plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
                                        ringattn_plan_t *plan)
 {
-    const ringattn_status_t st = ra__plan_create(comm, desc, plan);
+    const ringattn_status_t st = ra__plan_create(comm, desc, &ra__plan_kinds, plan);
     if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
         const int live = comm && ra__registry_contains(comm);
         ra__log_failure(RA_SUB_PLAN, live ? comm->rank : -1, live ? comm->size : 0, st);

@@ -29,9 +29,9 @@ size_t ra__cache_part_bytes(const struct ringattn_plan *p)
     return p->buf->part_floats * sizeof(float);
 }
 
-void ra__cache_traffic(const struct ringattn_plan *p, size_t fwd[2])
+void ra__cache_traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2])
 {
-    fwd[0] = fwd[1] = 0;
+    fwd[0] = fwd[1] = bwd[0] = bwd[1] = 0; /* forward only */
     const int prev = (p->rank - 1 + p->ranks) % p->ranks;
     for (int t = 0; t + 1 < p->ranks; ++t) {
         if (p->part_slot[ra__cache_held_part(p, p->rank, t)] >= 0) fwd[0] += ra__cache_part_bytes(p);
@@ -63,8 +63,8 @@ ringattn_status_t ra__cache_schedule(struct ringattn_plan *p)
 static void log_cache(const struct ringattn_plan *p)
 {
     if (!ra__log_enabled(RA_LOG_INFO, RA_SUB_PLAN)) return;
-    size_t fwd[2];
-    ra__cache_traffic(p, fwd);
+    size_t fwd[2], bwd[2];
+    ra__cache_traffic(p, fwd, bwd);
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "KV cache: %lld queries on every rank, %lld cached keys here%s; %d of %d ranks' "
             "keys meet a query (the others compute and send nothing); partials of %zu bytes, "

@@ -29,6 +29,6 @@ static inline int ra__cache_held_part(const struct ringattn_plan *p, int r, int 
 
 /* Bytes of one partial, and this rank's sent ([0]) and received ([1]) bytes in one call. */
 size_t ra__cache_part_bytes(const struct ringattn_plan *p);
-void ra__cache_traffic(const struct ringattn_plan *p, size_t fwd[2]);
+void ra__cache_traffic(const struct ringattn_plan *p, size_t fwd[2], size_t bwd[2]);
 
 #endif

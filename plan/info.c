@@ -5,17 +5,12 @@
 #include "base/version.h"
 #include "kernels/backends.h"
 #include "plan/buffers.h"
-#include "plan/cache.h"
 #include "plan/info.h"
-#include "plan/schedule.h"
 
 void ra__plan_info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *info)
 {
-    size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
-    if (p->cache)
-        ra__cache_traffic(p, fwd);
-    else if (p->ranks > 1)
-        ra__schedule_traffic(p, fwd, bwd);
+    size_t fwd[2], bwd[2];
+    p->kind->traffic(p, fwd, bwd);
     info->rank = p->rank;
     info->ranks = p->ranks;
     info->local_tokens = p->kp.queries->rows;
@@ -32,7 +27,7 @@ void ra__plan_info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *inf
     info->block_k = p->kp.block_k;
     /* the other ranks' bias: a ring's always, a cache's for a selection only */
     const int64_t others = p->cu_cache[p->kp.num_seqs] - ra__local_keys(p)->rows;
-    const int gathered = p->ranks > 1 && (!p->cache || p->kp.selects);
+    const int gathered = p->ranks > 1 && (!p->kind->same_queries || p->kp.selects);
     info->bias_bytes_received = gathered ? (size_t)others * p->kp.bias_heads * sizeof(float) : 0;
     info->workspace_bytes = p->ws_bytes;
     info->buffer_bytes = p->buf->bytes;

@@ -12,13 +12,11 @@
 #include "base/registry.h"
 #include "comm/comm.h"
 #include "plan/agree.h"
-#include "plan/cache.h"
 #include "plan/buffers.h"
 #include "plan/check.h"
 #include "plan/info.h"
 #include "plan/layout.h"
 #include "plan/plan.h"
-#include "plan/schedule.h"
 #include "plan/select.h"
 
 #define FN "ringattn_plan_create"
@@ -89,21 +87,12 @@ static ringattn_status_t plan_shards(struct ringattn_plan *p)
     p->num_shards = p->ranks + (p->cu_new != NULL);
     p->shards = calloc((size_t)p->num_shards, sizeof *p->shards);
     RA_CHECK(p->shards, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
-    if (p->cache) {
-        RA_TRY(ra__cache_shards(p));
-    } else if (!p->comm) {
-        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, n, &p->queries));
-        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_cache, n, &p->shards[0]));
-        p->kp.queries = &p->queries;
-    } else {
-        for (int r = 0; r < p->ranks; ++r)
-            RA_TRY(ra__shard_make(p->layout, p->ranks, r, p->cu_q, n, &p->shards[r]));
-        p->kp.queries = &p->shards[p->rank];
-    }
+    RA_TRY(p->kind->shards(p));
     p->kp.num_key_shards = p->num_shards;
     p->kp.key_shards = p->shards;
-    p->kp.carries_state = p->num_shards > 1 || p->cache;
-    p->kp.forward_only = p->cache;
+    /* the state runs between a ring's steps, or into a KV cache's partials (SPEC 4, 5) */
+    p->kp.carries_state = p->num_shards > 1 || p->kind->partials;
+    p->kp.forward_only = p->kind->backward == NULL;
     /* ra__shard_make's arrays: segments of up to two spans per sequence, seq_first */
     p->host_bytes += (size_t)(p->num_shards + !p->comm) *
                      (((size_t)n * 2 + 1) * sizeof(ra_segment) + ((size_t)n + 1) * sizeof(int32_t));
@@ -170,7 +159,8 @@ static ringattn_status_t plan_arrays(struct ringattn_plan *p, const ringattn_pla
 }
 
 static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm,
-                                   const ringattn_plan_desc_t *d, const struct ra_backend *be)
+                                   const ringattn_plan_desc_t *d, const struct ra_backend *be,
+                                   const ra_plan_kinds *kinds)
 {
     p->comm = comm;
     p->rank = comm ? comm->rank : 0;
@@ -180,7 +170,7 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     p->be = be;
     p->device = d->device;
     p->keep_k = d->keep_k;
-    p->cache = d->sharded_cache || d->cu_seqlens_new;
+    p->kind = d->sharded_cache || d->cu_seqlens_new ? kinds->cache : kinds->ring;
     p->new_shard = d->cu_seqlens_new ? p->ranks : -1;
     params_fill(&p->kp, d);
     RA_TRY(plan_arrays(p, d));
@@ -190,17 +180,17 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     RA_TRY(plan_shards(p));
     RA_TRY(be->prepare(&p->kp));
     p->device = p->kp.device; /* resolved: -1 became the current device */
-    RA_TRY(p->cache ? ra__cache_schedule(p) : ra__schedule_make(p));
+    RA_TRY(p->kind->schedule(p));
     RA_TRY(ra__select_make(p));
     const int previous = ra__device_enter(p); /* the buffers live on the plan's device */
-    ringattn_status_t st = p->cache ? ra__cache_buffers(p) : ra__buffers_make(p);
+    ringattn_status_t st = p->kind->buffers(p);
     if (st == RINGATTN_SUCCESS) st = be->workspace_create(&p->kp, &p->ws, &p->ws_bytes);
     ra__device_leave(p, previous);
     return st;
 }
 
 ringattn_status_t ra__plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                  ringattn_plan_t *plan)
+                                  const ra_plan_kinds *kinds, ringattn_plan_t *plan)
 {
     if (comm != NULL && !ra__registry_contains(comm)) {
         ra__comm_refused(); /* no comm to agree over: the next agreement carries it */
@@ -221,7 +211,7 @@ ringattn_status_t ra__plan_create(ringattn_comm_t comm, const ringattn_plan_desc
     struct ringattn_plan *p = calloc(1, sizeof *p);
     st = p ? RINGATTN_SUCCESS : ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     if (p) p->host_bytes = sizeof *p;
-    if (st == RINGATTN_SUCCESS) st = plan_fill(p, comm, &d, be);
+    if (st == RINGATTN_SUCCESS) st = plan_fill(p, comm, &d, be, kinds);
     if (st == RINGATTN_SUCCESS && ra__registry_add(p) != 0)
         st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     /* A collective creation ends the same on every rank: one whose memory ran out after the

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/params.h"
 #include "masks/shard.h"
+#include "plan/kind.h"
 #include "ringattn.h"
 
 struct ringattn_plan {
@@ -31,11 +32,11 @@ struct ringattn_plan {
     ra_shard *shards;
     int num_shards;
     ra_shard queries;
+    const ra_plan_kind *kind; /* a ring or a KV cache plan (plan/kind.h) */
     /* Inference (ring/cache.c): a sharded cache, or new K/V. shards[ranks] is then the new
        tokens' keys (new_shard, else -1), attended on the last rank. part_slot[r]: where rank
        r's partial sits among the live_parts partials that can be non-empty, in rank order, or
        -1 when no query meets any key of rank r (its partial is empty and never sent). */
-    int cache;
     int new_shard;
     int *part_slot;
     int live_parts;
@@ -99,10 +100,10 @@ static inline ringattn_status_t ra__plan_to_host(struct ringattn_plan *p, void *
    any pointer. */
 ringattn_status_t ra__plan_check(const char *fn, const struct ringattn_plan *plan);
 
-/* ringattn_plan_create's work (a collective over comm: every rank ends with the same status)
-   and ringattn_plan_destroy's (NULL is a no-op; a plan not live is INVALID_USAGE). */
+/* ringattn_plan_create's work (a collective over comm: every rank ends with the same status;
+   the descriptor picks one of kinds: a KV cache plan for sharded_cache or cu_seqlens_new) and ringattn_plan_destroy's (NULL is a no-op; a plan not live is INVALID_USAGE). */
 ringattn_status_t ra__plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
-                                  ringattn_plan_t *plan);
+                                  const ra_plan_kinds *kinds, ringattn_plan_t *plan);
 ringattn_status_t ra__plan_destroy(ringattn_plan_t plan);
 
 #endif

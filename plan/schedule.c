@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "plan/buffers.h"
+#include "plan/layout.h"
 #include "plan/schedule.h"
 
 size_t ra__shard_kv_bytes(const struct ringattn_plan *p, int r)
@@ -70,6 +71,21 @@ static void log_schedule(const struct ringattn_plan *p)
             "schedule: %d of %d ring steps [%s] (C = compute, - = EMPTY, skipped), %d computed; "
             "bytes sent/received: forward %zu/%zu, backward %zu/%zu",
             p->num_steps, p->ranks, steps, kept, fwd[0], fwd[1], bwd[0], bwd[1]);
+}
+
+ringattn_status_t ra__ring_shards(struct ringattn_plan *p)
+{
+    const int n = p->kp.num_seqs;
+    if (!p->comm) {
+        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_q, n, &p->queries));
+        RA_TRY(ra__shard_make(RINGATTN_LAYOUT_CONTIGUOUS, 1, 0, p->cu_cache, n, &p->shards[0]));
+        p->kp.queries = &p->queries;
+        return RINGATTN_SUCCESS;
+    }
+    for (int r = 0; r < p->ranks; ++r)
+        RA_TRY(ra__shard_make(p->layout, p->ranks, r, p->cu_q, n, &p->shards[r]));
+    p->kp.queries = &p->shards[p->rank];
+    return RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ra__schedule_make(struct ringattn_plan *p)

@@ -13,6 +13,10 @@
  */
 ringattn_status_t ra__schedule_make(struct ringattn_plan *p);
 
+/* A ring's shards (SPEC 8): every rank's under the plan's layout, the local queries this rank's;
+   without a comm, one contiguous shard of every key and the queries of cu_seqlens_q. */
+ringattn_status_t ra__ring_shards(struct ringattn_plan *p);
+
 /* Does any query of shard a see any key of shard b? Exact (SPEC 3 over every segment pair). */
 int ra__shards_meet(const struct ringattn_plan *p, const ra_shard *a, const ra_shard *b);
 

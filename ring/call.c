@@ -65,12 +65,13 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
     int64_t q_hash = 0;
     if (local == RINGATTN_SUCCESS) {
         const ra_scan_io io = {&c->a.q, &c->a.k, p->kp.queries->rows, ra__local_keys(p)->rows,
-                               lse_in ? c->a.lse : NULL, p->comm != NULL || p->cache,
+                               lse_in ? c->a.lse : NULL, p->comm != NULL || p->kind->waits_on_host,
                                &p->stream};
         local = p->be->scan(p->ws, &p->kp, &io, &scan);
     }
-    if (local == RINGATTN_SUCCESS && p->cache) local = scan_new_keys(p, c, &scan);
-    if (local == RINGATTN_SUCCESS && p->cache && p->ranks > 1) local = hash_queries(p, c, &q_hash);
+    if (local == RINGATTN_SUCCESS) local = scan_new_keys(p, c, &scan);
+    const int same_queries = p->kind->same_queries && p->ranks > 1;
+    if (local == RINGATTN_SUCCESS && same_queries) local = hash_queries(p, c, &q_hash);
     if (local == RINGATTN_SUCCESS && scan.on_device) { /* the kernels decide (one rank only) */
         RA_CHECK(p->comm == NULL, RINGATTN_ERR_INTERNAL, "%s: a device scan in a ring", fn);
         c->scale_q_first = 0;
@@ -81,10 +82,10 @@ ringattn_status_t ra__call_agree(struct ringattn_plan *p, const char *fn, ringat
         int64_t v[4] = {-float_order(scan.k_absmax), -(int64_t)(scan.lossy_rows > 0), q_hash,
                         -q_hash};
         RA_TRY(ra__comm_agree(p->comm, fn, backward ? RA_CALL_BACKWARD : RA_CALL_FORWARD, p->id,
-                              local, v, p->cache ? 4 : 2));
+                              local, v, same_queries ? 4 : 2));
         scan.k_absmax = order_float(-v[0]);
         scan.lossy_rows = -v[1];
-        RA_CHECK(!p->cache || v[2] == -v[3], RINGATTN_ERR_INVALID_ARGUMENT,
+        RA_CHECK(!same_queries || v[2] == -v[3], RINGATTN_ERR_INVALID_ARGUMENT,
                  "%s: q: differs between ranks (this is rank %d of %d), expected the same "
                  "queries on every rank of a sharded KV cache (sharded_cache)",
                  fn, p->rank, p->ranks);
