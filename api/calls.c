@@ -34,11 +34,12 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
            (DESIGN: the NCCL transport) */
         int capturing = 0;
         RA_TRY(plan->be->memory->stream_capturing(stream, &capturing));
+        const int of_kind = !plan->comm && plan->kind->waits_on_host; /* "of a KV cache plan" */
         RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
                  "%s: stream: it is capturing a CUDA graph, but a call %s%s cannot be captured "
                  "(it waits on the host for its queued work); call it outside the capture", fn,
-                 plan->comm ? "over a comm" : plan->kind->waits_on_host ? "of " : "with a key bias",
-                 !plan->comm && plan->kind->waits_on_host ? plan->kind->name : "");
+                 plan->comm ? "over a comm" : of_kind ? "of " : "with a key bias",
+                 of_kind ? plan->kind->name : "");
     }
     return RINGATTN_SUCCESS;
 }

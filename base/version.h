@@ -6,7 +6,8 @@
 
 #define RA_STR2_(x) #x
 #define RA_STR_(x) RA_STR2_(x)
-#define RA_VERSION_STRING \
-    RA_STR_(RINGATTN_VERSION_MAJOR) "." RA_STR_(RINGATTN_VERSION_MINOR) "." RA_STR_(RINGATTN_VERSION_PATCH)
+#define RA_VERSION_STRING                                                    \
+    RA_STR_(RINGATTN_VERSION_MAJOR) "." RA_STR_(RINGATTN_VERSION_MINOR) "." \
+        RA_STR_(RINGATTN_VERSION_PATCH)
 
 #endif

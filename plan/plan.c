@@ -1,7 +1,8 @@
 /*
- * Plans made and freed (ringattn_plan_create / _destroy, api/plan.c). Creation validates the descriptor (check.c), agrees on it
- * across the ring (agree.c), then makes everything a call needs -- token maps, schedule,
- * kernel params, the backend's workspace and the ring's buffers -- so that no call allocates.
+ * Plans made and freed (ringattn_plan_create / _destroy, api/plan.c). Creation validates the
+ * descriptor (check.c), agrees on it across the ring (agree.c), then makes everything a call
+ * needs -- token maps, schedule, kernel params, the backend's workspace and the ring's buffers
+ * -- so that no call allocates.
  */
 #include <math.h>
 #include <stdlib.h>

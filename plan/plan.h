@@ -101,7 +101,8 @@ static inline ringattn_status_t ra__plan_to_host(struct ringattn_plan *p, void *
 ringattn_status_t ra__plan_check(const char *fn, const struct ringattn_plan *plan);
 
 /* ringattn_plan_create's work (a collective over comm: every rank ends with the same status;
-   the descriptor picks one of kinds: a KV cache plan for sharded_cache or cu_seqlens_new) and ringattn_plan_destroy's (NULL is a no-op; a plan not live is INVALID_USAGE). */
+   the descriptor picks one of kinds: a KV cache plan for sharded_cache or cu_seqlens_new) and
+   ringattn_plan_destroy's (NULL is a no-op; a plan not live is INVALID_USAGE). */
 ringattn_status_t ra__plan_create(ringattn_comm_t comm, const ringattn_plan_desc_t *desc,
                                   const ra_plan_kinds *kinds, ringattn_plan_t *plan);
 ringattn_status_t ra__plan_destroy(ringattn_plan_t plan);

@@ -106,7 +106,8 @@ def demangle(names):
     return dict(zip(names, out.splitlines()))
 
 
-def short(name):  # "void ra_fwd_tile_kernel<128, 128>(ra_attn_args)" -> "ra_fwd_tile_kernel<128, 128>"
+def short(name):
+    """ "void ra_fwd_tile_kernel<128, 128>(ra_attn_args)" -> "ra_fwd_tile_kernel<128, 128>" """
     name = re.sub(r"\(anonymous namespace\)::", "", name)
     name = re.sub(r"^void ", "", name)
     depth, out = 0, ""
