@@ -91,7 +91,7 @@ static ringattn_status_t make_new_kv(const char *fn, struct ringattn_plan *p,
 }
 
 /* Q, K, V and O: the tensors both passes use (O is written by forward, read by backward). */
-static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
+static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p,
                                    const ringattn_tensors_t *t, int o_is_output, ra_args *a)
 {
     const ra_kernel_params *k = &p->kp;
@@ -101,21 +101,13 @@ static ringattn_status_t make_qkvo(const char *fn, struct ringattn_plan *p,
     RA_TRY(ra__view_make(fn, "k", t->k, k->dtype, tk, Hk, D, 0, &a->k));
     RA_TRY(ra__view_make(fn, "v", t->v, k->dtype, tk, Hk, Dv, 0, &a->v));
     RA_TRY(ra__view_make(fn, "o", t->o, k->dtype, tq, H, Dv, o_is_output, &a->o));
-    if (tq) RA_TRY(check_memory(fn, p, "q", a->q.data, &a->q));
-    if (tk) RA_TRY(check_memory(fn, p, "k", a->k.data, &a->k));
-    if (tk) RA_TRY(check_memory(fn, p, "v", a->v.data, &a->v));
-    if (tq) RA_TRY(check_memory(fn, p, "o", a->o.data, NULL));
-    if (tq) RA_TRY(check_memory(fn, p, "lse", t->lse, NULL));
     a->lse = t->lse;
     RA_CHECK(k->bias_heads == 0 || t->key_bias != NULL || tk == 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn,
              k->bias_heads);
     a->key_bias = k->bias_heads ? t->key_bias : NULL;
     a->dbias = k->bias_heads ? t->dbias : NULL;
-    if (tk) RA_TRY(check_memory(fn, p, "key_bias", a->key_bias, NULL));
-    if (a->key_bias)
-        RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
-    return make_new_kv(fn, p, t, a); /* a KV cache plan's, else nothing */
+    return RINGATTN_SUCCESS;
 }
 
 /* The backward's own tensors: dO and the gradients. */
@@ -128,13 +120,35 @@ static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *
     RA_TRY(ra__view_make(fn, "dout", t->dout, k->dtype, tq, H, Dv, 0, &a->dout));
     RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
     RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
-    RA_TRY(ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv));
-    if (tq) RA_TRY(check_memory(fn, p, "dout", a->dout.data, NULL));
-    if (tq) RA_TRY(check_memory(fn, p, "dq", a->dq.data, NULL));
-    if (tk) RA_TRY(check_memory(fn, p, "dk", a->dk.data, NULL));
-    if (tk) RA_TRY(check_memory(fn, p, "dv", a->dv.data, NULL));
-    if (tk) RA_TRY(check_memory(fn, p, "dbias", a->dbias, NULL));
-    return RINGATTN_SUCCESS;
+    return ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv);
+}
+
+/* After every tensor's shape and strides (so that a wrong stride is told as one whatever the
+   memory): the memory each lives in, the bias values, and a KV cache plan's new tokens. */
+static ringattn_status_t check_tensors(const char *fn, struct ringattn_plan *p, int backward,
+                                       ra_args *a, const ringattn_tensors_t *t)
+{
+    const int64_t tq = p->kp.queries->rows, tk = ra__local_keys(p)->rows;
+    const struct {
+        const char *name;
+        const void *data;
+        const ra_view *view; /* the loaded ones: the backend's limits on their strides */
+        int64_t rows;
+        int backward_only;
+    } tensors[] = {
+        {"q", a->q.data, &a->q, tq, 0},          {"k", a->k.data, &a->k, tk, 0},
+        {"v", a->v.data, &a->v, tk, 0},          {"o", a->o.data, NULL, tq, 0},
+        {"lse", a->lse, NULL, tq, 0},            {"key_bias", a->key_bias, NULL, tk, 0},
+        {"dout", a->dout.data, NULL, tq, 1},     {"dq", a->dq.data, NULL, tq, 1},
+        {"dk", a->dk.data, NULL, tk, 1},         {"dv", a->dv.data, NULL, tk, 1},
+        {"dbias", a->dbias, NULL, tk, 1},
+    };
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+        if (tensors[i].rows && (backward || !tensors[i].backward_only))
+            RA_TRY(check_memory(fn, p, tensors[i].name, tensors[i].data, tensors[i].view));
+    if (a->key_bias)
+        RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
+    return make_new_kv(fn, p, t, a); /* a KV cache plan's, else nothing */
 }
 
 /* The backend's memory for backward calls, at the first one: before the call's agreement, so
@@ -175,6 +189,7 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
                       plan->be->name);
     if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
     if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, &c->a);
+    if (st == RINGATTN_SUCCESS) st = check_tensors(fn, plan, backward, &c->a, &t);
     if (st == RINGATTN_SUCCESS && backward) st = backward_workspace(fn, plan);
     return ra__call_agree(plan, fn, st, backward, c);
 }
