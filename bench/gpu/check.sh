@@ -5,8 +5,9 @@
 #   2 build             the library for sm_90 as the H200 image allows it (no OpenBLAS, OpenMP or
 #                       Debian Catch2: bench/gpu/prepared/ carries the header; NCCL from the
 #                       nvidia-nccl-cu13 wheel), its CUDA tests and bench_ring_cuda
-#   3 correctness       test_cuda_attention, test_nan_inputs, test_cuda_errors on the GPU
-#                       against float64 (SPEC 9), outputs poisoned, two runs bitwise
+#   3 correctness       test_cuda_attention, test_nan_inputs, test_cuda_errors, test_spec_cases
+#                       (SPEC 10), test_dynamic_fd on the GPU against float64 (SPEC 9), outputs
+#                       poisoned, two runs bitwise
 #   4 speed             ringattn forward and backward against SDPA flash and cuDNN in one
 #                       process (bench/gpu/speed.py), the roofline estimate beside
 #   5 sanitizer         compute-sanitizer memcheck, racecheck, synccheck on forward and backward
@@ -163,7 +164,8 @@ build() { # CHECK_DRY=1: builds without a GPU too (the dry run)
         { echo "bench/gpu/prepared/catch2/catch.hpp missing: run bench/gpu/prepare.sh here first"; exit 1; }
     # a register spill is a build error (-Xptxas --warn-on-spills,--warning-as-error)
     cmake --build "$lib" -j "$jobs" --target ringattn test_cuda_attention test_nan_inputs \
-        test_cuda_errors test_cuda_ring test_cuda_nccl bench_ring_cuda > "$lib.build.log" 2>&1 ||
+        test_cuda_errors test_spec_cases test_dynamic_fd test_cuda_ring test_cuda_nccl \
+        bench_ring_cuda > "$lib.build.log" 2>&1 ||
         { grep -E "error|spill" "$lib.build.log" | head -n 20; exit 1; }
     echo "built: $(ls "$lib"/libringattn.so* | head -n 1)"
 }
@@ -172,7 +174,8 @@ correctness() {
     need_build
     need_gpu
     for run in 1 2; do
-        for t in test_cuda_attention test_nan_inputs test_cuda_errors; do
+        for t in test_cuda_attention test_nan_inputs test_cuda_errors test_spec_cases \
+            test_dynamic_fd; do
             echo "== $t, run $run"
             gpu_test "$t" | tail -n 3
         done
@@ -193,7 +196,7 @@ sanitizer() {
     for tool in memcheck racecheck synccheck; do
         echo "== $tool: forward and backward, SPEC 10 case 8's small shapes"
         RATEST_BACKEND=cuda RATEST_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-            "$lib/tests/test_cuda_attention" "[fd]" | tail -n 4
+            "$lib/tests/test_dynamic_fd" | tail -n 4
     done
 }
 

@@ -18,14 +18,7 @@ namespace cachetest {
 using ratest::AttnConfig;
 using ratest::Problem;
 
-inline bool on_cuda() { return ratest::test_backend() == RINGATTN_BACKEND_CUDA; }
-
-// Tile sizes for the CPU backend (the CUDA kernels take their own).
-inline void set_tiles(AttnConfig &c, int bq, int bk)
-{
-    c.block_q = on_cuda() ? 0 : bq;
-    c.block_k = on_cuda() ? 0 : bk;
-}
+using ratest::on_cuda;
 
 // r succeeded on every rank, each rank's O and LSE bitwise rank 0's, and rank 0's within SPEC 9.
 inline void check_cache(const CacheResult &r, const ratest::Spec9 &judge, const Problem &pb,
@@ -62,7 +55,7 @@ inline AttnConfig chunked_kv_case(ringattn_dtype_t dt)
     c.cu_k = {0, 576};
     c.causal = true;
     c.wl = 59;
-    set_tiles(c, 64, 512);
+    c.block_q = 64, c.block_k = 512; // the CPU backend's (the CUDA kernels take their own)
     return c;
 }
 
@@ -105,7 +98,7 @@ inline Drawn draw(std::mt19937_64 &rng, int ranks)
         c.key_bias_heads = ratest::pick(rng, {1, c.hkv()});
         c.keep_k = rng() % 2 ? 0 : ratest::pick(rng, {5, 30});
     }
-    set_tiles(c, ratest::pick(rng, {8, 16, 64}), ratest::pick(rng, {16, 24, 64}));
+    c.block_q = ratest::pick(rng, {8, 16, 64}), c.block_k = ratest::pick(rng, {16, 24, 64});
     if (ranks > 0 && rng() % 3 == 0) { // slot ranges of the caller's: appended rank by rank
         const std::vector<int32_t> cu_cache = cachetest::cached_keys(c, d.layout);
         for (int s = 0; s < nseq; ++s) {

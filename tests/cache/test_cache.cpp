@@ -59,7 +59,7 @@ TEST_CASE("SPEC 10 case 1 on a sharded cache: whole shards outside the window co
 TEST_CASE("Random decode and chunked prefill against a sharded cache match the float64 oracle "
           "on every rank")
 {
-    const int cases = on_cuda() ? 10 : 48;
+    const int cases = ratest::sized(48, 10);
     for (int i = 0; i < cases; ++i) {
         std::mt19937_64 rng(ratest::seed_for("cache random", (uint64_t)i));
         const int ranks = i % 5; // 0: no comm
@@ -103,7 +103,7 @@ TEST_CASE("Cached + new K/V in one call equals attending the concatenation")
         c.cu_q = {0, 3, 35};   // a decode step of 3 tokens and a prefill chunk of 32
         c.cu_k = {0, 131, 291}; // caches of 128 and 128, then the queries' own K/V
         c.causal = true;
-        set_tiles(c, 16, 64);  // 128 cached keys: the concatenation's tiles end where they do
+        c.block_q = 16, c.block_k = 64; // 128 cached keys: the concatenation's tiles end where they do
         Problem pb = ratest::packed_problem(c, ratest::seed_for("cache concat", (uint64_t)dt));
         CacheLayout fresh;
         fresh.cu_new = {0, 3, 35};

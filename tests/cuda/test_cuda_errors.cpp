@@ -66,8 +66,8 @@ TEST_CASE("CUDA: plans the kernels cannot run are refused with a message", "[cud
          RINGATTN_ERR_UNSUPPORTED, "head_dim: got 12"},
         {"head_dim_v 20", [](AttnConfig &c) { c.Dv = 20; }, RINGATTN_ERR_UNSUPPORTED,
          "head_dim_v: got 20"},
-        {"a tile size", [](AttnConfig &c) { c.block_k = 32; }, RINGATTN_ERR_UNSUPPORTED,
-         "block_q/block_k"},
+        {"a tile size", [](AttnConfig &c) { c.block_k = 32, c.cpu_tiles_everywhere = true; },
+         RINGATTN_ERR_UNSUPPORTED, "block_q/block_k"},
     };
     for (const Bad &b : bad) {
         AttnConfig c = small();

@@ -165,7 +165,7 @@ TEST_CASE("NCCL ring of processes: P = 1 (self), and P = 2, 4 on one GPU with NC
     }
     // the fake NCCL's ranks are threads of one process: processes can only be P = 1 there
     const bool fake = dlsym(RTLD_DEFAULT, "ra_emu_nccl_withhold_sends") != nullptr;
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[5]), 250);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[5]), 250);
     const ratest::Spec9 judge = ringtest::judge_of(pb);
     for (int P : {1, 2, 4}) {
         if (fake && P > 1) {
@@ -193,7 +193,7 @@ TEST_CASE("NCCL ring of processes: a rank that leaves the call fails the others 
         return;
     }
     setenv("RINGATTN_COMM_TIMEOUT", "2", 1);
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[0]), 251);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[0]), 251);
     RunOptions opt;
     opt.leave_rank = 1;
     std::string skip;
@@ -217,9 +217,9 @@ TEST_CASE("NCCL ring: every layout at P = 1..4, causal, narrow windows, bf16", "
     uint64_t seed = 200;
     for (const Mask &m : {ratest::ring_masks[1], ratest::ring_masks[3]}) {
         INFO("mask " << m.name);
-        check_ring(ratest::packed_problem(ratest::ring_batch_cuda(m), ++seed), {1, 2, 3, 4});
+        check_ring(ratest::packed_problem(ratest::ring_batch(m), ++seed), {1, 2, 3, 4});
     }
-    check_ring(ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[5], RINGATTN_BFLOAT16), 210),
+    check_ring(ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[5], RINGATTN_BFLOAT16), 210),
                {2, 4});
 }
 
@@ -228,7 +228,7 @@ TEST_CASE("NCCL ring: key bias and a global top-k", "[cuda][nccl][dynamic]")
     if (!have_nccl()) return;
     int idx = 0;
     for (int keep : {0, 3}) {
-        AttnConfig c = ratest::ring_batch_cuda(ratest::ring_masks[1]);
+        AttnConfig c = ratest::ring_batch(ratest::ring_masks[1]);
         c.key_bias_heads = idx % 2 ? 2 : 4;
         c.keep_k = keep;
         INFO("keep_k " << keep);
@@ -239,7 +239,7 @@ TEST_CASE("NCCL ring: key bias and a global top-k", "[cuda][nccl][dynamic]")
 TEST_CASE("NCCL ring: bitwise repeatable under other schedules and stream drain orders", "[cuda][nccl]")
 {
     if (!have_nccl()) return;
-    AttnConfig c = ratest::ring_batch_cuda({"causal+window", 1, 40, -1});
+    AttnConfig c = ratest::ring_batch({"causal+window", 1, 40, -1});
     c.key_bias_heads = 2;
     c.keep_k = 7;
     const Problem pb = ratest::packed_problem(c, 230);
@@ -259,7 +259,7 @@ TEST_CASE("NCCL ring: a rank that leaves the call fails every other rank within 
 {
     if (!have_nccl()) return;
     setenv("RINGATTN_COMM_TIMEOUT", "2", 1);
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 240);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[1]), 240);
     RunOptions opt = over_nccl();
     opt.leave_rank = 1;
     const auto t0 = std::chrono::steady_clock::now();
@@ -280,7 +280,7 @@ TEST_CASE("NCCL ring: ranks of one device on the legacy default stream are refus
     if (!have_nccl()) return;
     RunOptions opt = over_nccl();
     opt.default_stream = true;
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 242);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[1]), 242);
     for (int P : {3, 4}) {
         const auto t0 = std::chrono::steady_clock::now();
         const Result r = ringtest::run(pb, P, RINGATTN_LAYOUT_ZIGZAG, opt);
@@ -299,7 +299,7 @@ TEST_CASE("NCCL ring: a rank that withholds its sends fails every rank within th
     const auto withhold = reinterpret_cast<withhold_t>(dlsym(RTLD_DEFAULT, "ra_emu_nccl_withhold_sends"));
     REQUIRE(withhold != nullptr);
     setenv("RINGATTN_COMM_TIMEOUT", "2", 1);
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda({"none", 0, -1, -1}), 241);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch({"none", 0, -1, -1}), 241);
     // after both agreements (all-reduces, no sends): from its first send, and mid-ring
     for (unsigned long after : {0ul, 1ul}) {
         withhold(1, after);

@@ -63,10 +63,10 @@ TEST_CASE("CUDA ring: every layout at P = 1..4, causal, windows, many short sequ
     uint64_t seed = 100;
     for (const MaskAt &c : cases) {
         INFO("mask " << c.mask.name);
-        check_ring(ratest::packed_problem(ratest::ring_batch_cuda(c.mask), ++seed), c.ranks);
+        check_ring(ratest::packed_problem(ratest::ring_batch(c.mask), ++seed), c.ranks);
     }
     // many short sequences: 24 of 1..9 tokens, fewer than P in some
-    AttnConfig many = ratest::ring_batch_cuda(ratest::ring_masks[1], RINGATTN_BFLOAT16);
+    AttnConfig many = ratest::ring_batch(ratest::ring_masks[1], RINGATTN_BFLOAT16);
     std::mt19937_64 rng(7);
     std::vector<int> lengths;
     for (int s = 0; s < 24; ++s) lengths.push_back(1 + (int)(rng() % 9));
@@ -79,10 +79,9 @@ TEST_CASE("CUDA ring: float16 and bfloat16, softcap, ALiBi, MQA, D_v != D", "[cu
 {
     for (ringattn_dtype_t dt : {RINGATTN_FLOAT16, RINGATTN_BFLOAT16}) {
         INFO("dtype " << dt);
-        check_ring(ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[5], dt), 130 + dt), {2, 4});
+        check_ring(ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[5], dt), 130 + dt), {2, 4});
     }
     AttnConfig c = ratest::ring_softcap_alibi_mqa();
-    c.block_q = c.block_k = 0;
     c.Dv = 24;
     check_ring(ratest::packed_problem(c, 140), {2, 3});
 }
@@ -91,7 +90,7 @@ TEST_CASE("CUDA ring: D_v above one tile, its blocks' states carried across step
 {
     // D_v = 192: two D_v blocks per query tile, each with its own (m, l) between steps
     for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16}) {
-        AttnConfig c = ratest::ring_batch_cuda(ratest::ring_masks[1], dt);
+        AttnConfig c = ratest::ring_batch(ratest::ring_masks[1], dt);
         c.D = 64, c.Dv = 192, c.H = 2, c.Hkv = 1;
         c.cu_q = {0, 90, 131};
         INFO("dtype " << dt);
@@ -113,7 +112,7 @@ TEST_CASE("CUDA ring: key bias of 1, H_kv or H heads and a global top-k", "[cuda
     for (const auto &cs : cases)
         for (int keep : cs.keep) {
             const Mask &m = cs.m;
-            const AttnConfig c = with_bias(ratest::ring_batch_cuda(m), hbs[idx % 3], keep);
+            const AttnConfig c = with_bias(ratest::ring_batch(m), hbs[idx % 3], keep);
             const Problem pb = ratest::packed_problem(c, 1000 + (uint64_t)idx++);
             INFO("mask " << m.name << ", H_b " << c.key_bias_heads << ", keep_k " << keep);
             check_ring(pb, {2, 4});
@@ -124,7 +123,7 @@ TEST_CASE("CUDA ring: a row's top keys all on another rank's shard", "[cuda][rin
 {
     // As the CPU ring test: one sequence of 160, keep_k = 5, the five largest biases on tokens
     // 150..154 (the last rank's shard under the contiguous layout).
-    AttnConfig c = with_bias(ratest::ring_batch_cuda({"none", 0, -1, -1}), 1, 5);
+    AttnConfig c = with_bias(ratest::ring_batch({"none", 0, -1, -1}), 1, 5);
     c.cu_q = {0, 160};
     Problem pb = ratest::packed_problem(c, 3000, 0.5);
     std::vector<double> b = pb.cfg.bias;
@@ -140,7 +139,7 @@ TEST_CASE("CUDA ring: a row's top keys all on another rank's shard", "[cuda][rin
 TEST_CASE("CUDA ring: SPEC 10 cases 11 and 12, lossy rows recomputed across the ring", "[cuda][ring][spec]")
 {
     for (int which = 11; which <= 12; ++which) {
-        const Problem pb = ratest::lossy_lse_problem(ratest::ring_batch_cuda({"causal", 1, -1, -1}), which);
+        const Problem pb = ratest::lossy_lse_problem(ratest::ring_batch({"causal", 1, -1, -1}), which);
         INFO("case " << which);
         check_ring(pb, {2, 3, 4}, true);
     }
@@ -152,7 +151,7 @@ TEST_CASE("CUDA ring: every rank on the legacy default stream", "[cuda][ring]")
 {
     ringtest::RunOptions opt;
     opt.default_stream = true;
-    ringtest::check_every_layout(ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 243),
+    ringtest::check_every_layout(ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[1]), 243),
                                  {2, 3, 4}, opt);
 }
 
@@ -161,7 +160,7 @@ TEST_CASE("CUDA ring: bitwise repeatable under other schedules and stream drain 
     // schedule 0: fibers round robin, streams drained in order; 1: both random; 2: reversed.
     // Without an event the transport needs, a copy runs before the kernel that writes its
     // source, or after the one that reads its destination, in one of these orders.
-    AttnConfig c = with_bias(ratest::ring_batch_cuda({"causal+window", 1, 40, -1}), 2, 7);
+    AttnConfig c = with_bias(ratest::ring_batch({"causal+window", 1, 40, -1}), 2, 7);
     c.cu_q = {0, 50, 123};
     const Problem pb = ratest::packed_problem(c, 6);
     for (ringattn_layout_t layout : {RINGATTN_LAYOUT_ZIGZAG, RINGATTN_LAYOUT_CONTIGUOUS})
@@ -187,7 +186,7 @@ TEST_CASE("CUDA ring against the CPU backend's ring on the same cases", "[cuda][
     int idx = 0;
     for (const Mask &m : {ratest::ring_masks[1], ratest::ring_masks[3]})
         for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16}) {
-            AttnConfig c = with_bias(ratest::ring_batch_cuda(m, dt), 2, idx % 2 ? 3 : 0);
+            AttnConfig c = with_bias(ratest::ring_batch(m, dt), 2, idx % 2 ? 3 : 0);
             const Problem pb = ratest::packed_problem(c, 7000 + (uint64_t)idx++);
             const ratest::Spec9 judge = ringtest::judge_of(pb);
             for (int ranks : {2, 3}) {
@@ -215,7 +214,7 @@ TEST_CASE("CUDA ring: a call on a stream capturing a CUDA graph is refused on ev
 {
     // A ring call's agreements wait on the host for its queued work, which a capture never
     // runs: refused before anything is queued; the same plan then runs as usual.
-    const Problem pb = ratest::packed_problem(ratest::ring_batch_cuda(ratest::ring_masks[1]), 7100);
+    const Problem pb = ratest::packed_problem(ratest::ring_batch(ratest::ring_masks[1]), 7100);
     ringtest::RunOptions opt;
     opt.capture_first_call = true;
     for (int ranks : {1, 3}) {
@@ -227,7 +226,7 @@ TEST_CASE("CUDA ring: a call on a stream capturing a CUDA graph is refused on ev
     }
     // one rank: refused with a key bias (its check and thresholds are host work), not without
     // (the fake runtime's capture runs the work it sees, so the call succeeds there)
-    const Problem biased = ratest::packed_problem(with_bias(ratest::ring_batch_cuda(ratest::ring_masks[1]), 2, 3), 7101);
+    const Problem biased = ratest::packed_problem(with_bias(ratest::ring_batch(ratest::ring_masks[1]), 2, 3), 7101);
     const Result b = ringtest::run(biased, 0, RINGATTN_LAYOUT_CONTIGUOUS, opt);
     CHECK(b.edited_status[0] == RINGATTN_ERR_UNSUPPORTED);
     ringtest::check_result(b, ringtest::judge_of(biased), biased, "single rank with a bias, after the capture");

@@ -84,7 +84,7 @@ TEST_CASE("the helper's comm on one rank runs a CUDA plan within SPEC 9", "[mpi]
     ringattn_comm_t c = nullptr;
     REQUIRE(ringattn_comm_create_nccl_mpi(MPI_COMM_SELF, -1, &c) == RINGATTN_SUCCESS);
     const ratest::Problem pb =
-        ratest::packed_problem(ratest::ring_batch_cuda({"causal+window", 1, 30, -1}), 21);
+        ratest::packed_problem(ratest::ring_batch({"causal+window", 1, 30, -1}), 21);
     const ringtest::Result r = ringtest::run_rank(pb, c, 0, RINGATTN_LAYOUT_ZIGZAG);
     ringattn_comm_destroy(c);
     ringtest::check_result(r, ringtest::judge_of(pb), pb, "one-rank NCCL comm from MPI");

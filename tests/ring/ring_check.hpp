@@ -38,7 +38,7 @@ inline bool check_result(const Result &r, const ratest::Spec9 &judge, const rate
 
 // The ring at every P in `ranks` under every layout (opt: its comm, say), each within SPEC 9
 // of the oracle; with_single: first the single-rank plan (exact_logits: at the plain limits).
-inline void check_every_layout(const ratest::Problem &pb, std::initializer_list<int> ranks,
+inline void check_every_layout(const ratest::Problem &pb, const std::vector<int> &ranks,
                                const RunOptions &opt = RunOptions(), bool with_single = true,
                                bool exact_logits = false)
 {

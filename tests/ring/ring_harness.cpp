@@ -54,7 +54,9 @@ struct Shared {
     {
         std::lock_guard<std::mutex> lk(mu);
         if (res.status == RINGATTN_SUCCESS) res.status = st;
-        if ((size_t)rank < res.rank_status.size()) res.rank_status[(size_t)rank] = st;
+        if ((size_t)rank >= res.rank_status.size()) return;
+        res.rank_status[(size_t)rank] = st;
+        res.rank_error[(size_t)rank] = ringattn_last_error(); // of this rank's thread
     }
 };
 
@@ -203,12 +205,6 @@ Result &run_own_comms(const Problem &pb, int ranks, ringattn_layout_t layout,
 
 } // namespace
 
-ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms)
-{
-    // a device backend's ring moves device memory: the device-copy threads transport
-    return ratest::device_memory().is_host() ? ringattn_comm_create_threads(ranks, comms)
-                                             : ringattn_comm_create_threads_device(ranks, -1, comms);
-}
 
 NcclEntry nccl_entry()
 {
@@ -260,6 +256,7 @@ Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layo
     Result res = blank(pb, 0.0f);
     res.edited_status.assign((size_t)rank + 1, RINGATTN_ERR_INTERNAL);
     res.rank_status.assign((size_t)rank + 1, RINGATTN_SUCCESS);
+    res.rank_error.assign((size_t)rank + 1, "");
     Shared sh{{}, res};
     rank_work(pb, comm, rank, layout, opt, sh);
     return res;
@@ -271,6 +268,7 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
     Result res = blank(pb, NAN);
     res.edited_status.assign((size_t)(ranks > 0 ? ranks : 1), RINGATTN_ERR_INTERNAL);
     res.rank_status.assign((size_t)(ranks > 0 ? ranks : 1), RINGATTN_SUCCESS);
+    res.rank_error.assign(res.rank_status.size(), "");
     Shared sh{{}, res};
     if (ranks == 0) { // single-rank plan, no comm
         rank_work(pb, nullptr, 0, layout, opt, sh);

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ringattn.h"
+#include "support/device.hpp"
 #include "support/shim.hpp"
 #include "support/spec9.hpp"
 
@@ -48,6 +50,7 @@ struct Result {
     ringattn_status_t status = RINGATTN_SUCCESS;
     std::vector<ringattn_status_t> edited_status; // [ranks], with RunOptions.edit_first_call
     std::vector<ringattn_status_t> rank_status;   // [ranks]: each rank's failure, or SUCCESS
+    std::vector<std::string> rank_error;          // [ranks]: its last error at that failure
     ratest::Got got(const ratest::AttnConfig &cfg) const; // as float64, for SPEC 9
 };
 
@@ -62,9 +65,7 @@ struct NcclEntry {
 };
 NcclEntry nccl_entry();
 
-// P comms of the threads transport of the backend under test's memory (host, or device: the
-// device-copy transport).
-ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms);
+using ratest::make_thread_comms;
 
 // The problem's outputs, every entry `fill`: the shape of a Result, made without a call.
 Result blank(const ratest::Problem &pb, float fill);

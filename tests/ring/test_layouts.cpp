@@ -43,7 +43,7 @@ std::vector<int> expected_tokens(ringattn_layout_t layout, int P, int r,
 TEST_CASE("local tokens, scatter and gather follow SPEC 8", "[ring][layout]")
 {
     const std::vector<int32_t> cu = {0, 13, 14, 14, 17, 47}; // lengths 13, 1, 0, 3, 30
-    const int T = cu.back(), H = 3, dim = 5;
+    const int T = cu.back(), H = 3, dim = ratest::backend_dim(5);
     std::vector<float> global((size_t)T * H * dim), lse_global((size_t)H * T);
     for (size_t i = 0; i < global.size(); ++i) global[i] = (float)i;
     for (size_t i = 0; i < lse_global.size(); ++i) lse_global[i] = -(float)i;
@@ -51,7 +51,7 @@ TEST_CASE("local tokens, scatter and gather follow SPEC 8", "[ring][layout]")
         for (int P = 1; P <= 8; ++P) {
             INFO("layout " << layout << ", ranks " << P);
             std::vector<ringattn_comm_t> comms((size_t)P);
-            REQUIRE(ringattn_comm_create_threads(P, comms.data()) == RINGATTN_SUCCESS);
+            REQUIRE(ratest::make_thread_comms(P, comms.data()) == RINGATTN_SUCCESS);
             std::vector<int> owner((size_t)T, 0);
             std::vector<float> back((size_t)T * H * dim, NAN), lse_back((size_t)H * T, NAN);
             std::mutex mu;

@@ -25,10 +25,14 @@ namespace {
 
 // The single-rank plan and the ring on each number of ranks in `ranks`, under every layout,
 // each within SPEC 9 of the oracle.
-void check_ring(const Problem &pb, std::initializer_list<int> ranks)
+void check_ring(const Problem &pb, const std::vector<int> &ranks)
 {
     ringtest::check_every_layout(pb, ranks);
 }
+
+// 1 to 8 ranks; 1, 3 and 8 on the emulated CUDA backend (the size tier)
+const std::vector<int> one_to_eight =
+    ratest::sized(1, 0) ? std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8} : std::vector<int>{1, 3, 8};
 
 // A descriptor that `hook` makes differ on one of `ranks` ranks fails on every rank with
 // INVALID_ARGUMENT, and within seconds: no rank may wait for a partner that has given up.
@@ -60,7 +64,7 @@ TEST_CASE("ring over threads is within SPEC 9 of the oracle", "[ring]")
         for (const Mask &m : ratest::ring_masks) {
             const Problem pb = ratest::packed_problem(ratest::ring_batch(m, dt), seed++);
             INFO("dtype " << dt << ", mask " << m.name);
-            check_ring(pb, {1, 2, 3, 4, 5, 6, 7, 8});
+            check_ring(pb, one_to_eight);
         }
 }
 
@@ -147,9 +151,12 @@ TEST_CASE("ring with a key bias and top-k is within SPEC 9 of the oracle", "[rin
             Problem pb = ratest::packed_problem(with_bias(ratest::ring_batch(m), hbs[idx % 3], keep),
                                                 1000 + (uint64_t)idx);
             if ((idx + idx / 4) % 2 == 1) pb.set_bias(ratest::quantized(pb.cfg.bias));
+            // the emulation: half of them, each keep_k on every other mask, quantized or not
+            const bool skip = (idx / 4 + idx / 2) % 2 == 1 && !ratest::sized(1, 0);
             ++idx;
+            if (skip) continue;
             INFO("mask " << m.name << ", H_b " << pb.cfg.key_bias_heads << ", keep_k " << keep);
-            check_ring(pb, {1, 2, 3, 4, 5, 6, 7, 8});
+            check_ring(pb, one_to_eight);
         }
 }
 

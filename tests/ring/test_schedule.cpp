@@ -21,7 +21,7 @@ std::vector<RankView> plan_all(int P, ringattn_layout_t layout, const std::vecto
                                int wl)
 {
     std::vector<ringattn_comm_t> comms((size_t)P);
-    REQUIRE(ringattn_comm_create_threads(P, comms.data()) == RINGATTN_SUCCESS);
+    REQUIRE(ratest::make_thread_comms(P, comms.data()) == RINGATTN_SUCCESS);
     std::vector<RankView> views((size_t)P);
     std::vector<ringattn_status_t> st((size_t)P, RINGATTN_SUCCESS);
     std::vector<std::thread> threads;

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "support/device.hpp"
 #include "support/shim.hpp"
 #include "support/spec9.hpp"
 
@@ -124,14 +125,6 @@ inline AttnConfig ring_batch(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT
     c.block_k = 24;
     c.num_threads = 1;
     apply(c, m);
-    return c;
-}
-
-// The same batch with the CUDA kernels' own tiles (a CUDA plan takes block_q = block_k = 0).
-inline AttnConfig ring_batch_cuda(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT32)
-{
-    AttnConfig c = ring_batch(m, dt);
-    c.block_q = c.block_k = 0;
     return c;
 }
 

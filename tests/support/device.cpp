@@ -39,6 +39,22 @@ const char *test_backend_name()
     }
 }
 
+bool library_has_backend(const char *name)
+{
+    const std::string info = ringattn_build_info(); // "build: backends: cpu, cuda; ..."
+    const size_t from = info.find("backends: "), to = info.find(';', from);
+    if (from == std::string::npos) return false;
+    const std::string list = ", " + info.substr(from + 10, to - from - 10) + ",";
+    return list.find(", " + std::string(name) + ",") != std::string::npos;
+}
+
+int sized(int full, int emulated)
+{
+    return on_cuda() && !std::getenv("RATEST_GPU") ? emulated : full;
+}
+
+int backend_dim(int d) { return on_cuda() && d % 8 ? d + 8 - d % 8 : d; }
+
 namespace {
 
 class HostMemory final : public DeviceMemory {
@@ -162,6 +178,13 @@ void *Mirror::bind(void *host, size_t bytes, void *stream)
 void Mirror::download(void *stream)
 {
     if (mem_ && !mem_->is_host() && host_ && dev_) mem_->download(host_, dev_, bytes_, stream);
+}
+
+ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms)
+{
+    // a device backend's ring moves device memory: the device-copy threads transport
+    return device_memory().is_host() ? ringattn_comm_create_threads(ranks, comms)
+                                     : ringattn_comm_create_threads_device(ranks, -1, comms);
 }
 
 } // namespace ratest

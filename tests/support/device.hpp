@@ -14,6 +14,18 @@ namespace ratest {
 
 ringattn_backend_t test_backend();
 const char *test_backend_name();
+inline bool on_cuda() { return test_backend() == RINGATTN_BACKEND_CUDA; }
+
+// The library under test was built with this backend ("cpu", "cuda": ringattn_build_info).
+bool library_has_backend(const char *name);
+
+// The size tier: `full` cases on the CPU backend and on a GPU (RATEST_GPU), `emulated` on the
+// emulated CUDA backend, whose kernels run about 100x slower than the CPU's.
+int sized(int full, int emulated);
+
+// A head dimension the backend's kernels take (ringattn.h: CUDA wants multiples of 8 up to 256):
+// d on the CPU, else d rounded up to a multiple of 8.
+int backend_dim(int d);
 
 // While one lives, test_backend() is `b` in every thread (a CUDA test running the same case on
 // the CPU backend, in host memory, to compare). Not nested across threads.
@@ -45,6 +57,10 @@ class DeviceMemory {
 };
 
 DeviceMemory &device_memory(); // of test_backend()
+
+// P comms of the threads transport of the backend under test's memory (host, or device: the
+// device-copy transport).
+ringattn_status_t make_thread_comms(int ranks, ringattn_comm_t *comms);
 
 // Under the emulated CUDA backend: how later launches schedule threads and drain streams
 // (0 round robin / in order, 1 random with the seed, 2 highest first / reverse), so that a case

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "support/device.hpp"
 #include "support/shim.hpp"
 
 namespace ratest {
@@ -78,8 +79,9 @@ struct FdCase {
     int Hb = 0, keep_k = 0;
 };
 
-// size 0: the finite-difference shape, D = 6, D_v = 5, query lengths 7, 6, 1 and key lengths 7,
-// 3, 2 (sequence 1 has fewer keys than queries, so with causal masks some rows are empty).
+// size 0: the finite-difference shape, D = 6, D_v = 5 (8 and 8 on CUDA: backend_dim), query
+// lengths 7, 6, 1 and key lengths 7, 3, 2 (sequence 1 has fewer keys than queries, so with causal
+// masks some rows are empty).
 // size 1: a larger problem of the same kind for the library, D = 48, D_v = 40, lengths 90, 60, 1
 // and 90, 30, 70, tiles 32 x 16 and keep_k 4 times the case's. No bias values (c.bias) yet.
 inline AttnConfig fd_config(const FdCase &fc, int size)
@@ -87,8 +89,8 @@ inline AttnConfig fd_config(const FdCase &fc, int size)
     AttnConfig c;
     c.H = fc.H;
     c.Hkv = fc.Hkv;
-    c.D = size == 0 ? 6 : 48;
-    c.Dv = size == 0 ? 5 : 40;
+    c.D = size == 0 ? backend_dim(6) : 48;
+    c.Dv = size == 0 ? backend_dim(5) : 40;
     c.cu_q = cu_from_lengths(size == 0 ? std::vector<int>{7, 6, 1} : std::vector<int>{90, 60, 1});
     c.cu_k = cu_from_lengths(size == 0 ? std::vector<int>{7, 3, 2} : std::vector<int>{90, 30, 70});
     c.causal = fc.causal;

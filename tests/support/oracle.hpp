@@ -23,7 +23,11 @@ struct AttnConfig {
     float scale = 0.0f;   // 0: 1/sqrt(D)
     float softcap = 0.0f; // 0: off
     std::vector<float> alibi; // empty: no ALiBi, else [H]
+    // The CPU backend's tiles (ringattn.h): a plan for another backend is made with 0/0, its
+    // kernels' own tiles, so that one case runs on every backend; cpu_tiles_everywhere keeps
+    // them (the CUDA backend's refusal of other tiles).
     int block_q = 0, block_k = 0, num_threads = 0;
+    bool cpu_tiles_everywhere = false;
     ringattn_layout_t layout = RINGATTN_LAYOUT_CONTIGUOUS; // only meaningful with a comm (SPEC 8)
     // Dynamic mask attention (SPEC 6): key_bias_heads = H_b (0: no bias; else 1, Hkv or H),
     // keep_k (0: no selection) and the bias itself, [H_b, Tk] row-major: bias[hb * Tk + j]. The

@@ -32,10 +32,12 @@ ringattn_plan_desc_t make_desc(const AttnConfig &cfg)
     d.alibi_slopes = cfg.alibi.empty() ? nullptr : cfg.alibi.data();
     d.key_bias_heads = cfg.key_bias_heads;
     d.keep_k = cfg.keep_k;
-    d.block_q = cfg.block_q;
-    d.block_k = cfg.block_k;
     d.num_threads = cfg.num_threads;
     d.backend = test_backend();
+    if (d.backend == RINGATTN_BACKEND_CPU || cfg.cpu_tiles_everywhere) {
+        d.block_q = cfg.block_q;
+        d.block_k = cfg.block_k;
+    }
     return d;
 }
 
@@ -62,6 +64,9 @@ Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double s
     const ringattn_dtype_t dt = cfg.dtype;
     const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv();
     const int64_t Tq = cfg.Tq(), Tk = cfg.Tk();
+    // the CUDA backend loads Q, K and V in 16-byte chunks: their padding is whole chunks there
+    if (on_cuda() && st == Storage::Padded) st = Storage::PaddedAligned;
+    if (on_cuda() && st == Storage::Interleaved) st = Storage::InterleavedAligned;
     switch (st) {
     case Storage::Packed:
     case Storage::PackedZero: {

@@ -63,6 +63,7 @@ struct Problem {
 
     // A bias of cfg.key_bias_heads heads is drawn from N(0, sigma_bias) unless cfg.bias already
     // holds [H_b * Tk] values (then those are used, rounded to float32).
+    // On the CUDA backend Padded and Interleaved are their Aligned kinds.
     Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double sigma_qk = 1.0,
             double sigma_bias = 1.0);
     // The tensors as the library takes them: the backend's copies, written from the host now.

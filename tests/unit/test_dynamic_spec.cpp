@@ -55,7 +55,7 @@ TEST_CASE("SPEC 10 case 10: a bias shifts the logit by exactly itself at any sca
             AttnConfig c;
             c.H = 1;
             c.D = 4;
-            c.Dv = 1;
+            c.Dv = backend_dim(1);
             c.cu_q = {0, 2};
             c.scale = scale;
             Problem pb(c, Storage::Packed, rng, scale > 1 ? 0.1 : 1.0);
