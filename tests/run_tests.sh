@@ -67,5 +67,6 @@ elif [[ $sanitize -eq 0 ]]; then
     echo "run_tests.sh: no nvcc: the CUDA build is skipped (the emulated CUDA backend runs below)"
 fi
 
-(cd "$build" && ctest --output-on-failure --no-tests=error) || status=$?
+# both cores: tests that need the machine to themselves are RUN_SERIAL (python, multinode)
+(cd "$build" && ctest -j "$jobs" --output-on-failure --no-tests=error) || status=$?
 exit "$status"

@@ -223,19 +223,6 @@ TEST_CASE("NCCL ring: every layout at P = 1..4, causal, narrow windows, bf16", "
                {2, 4});
 }
 
-TEST_CASE("NCCL ring: key bias and a global top-k", "[cuda][nccl][dynamic]")
-{
-    if (!have_nccl()) return;
-    int idx = 0;
-    for (int keep : {0, 3}) {
-        AttnConfig c = ratest::ring_batch(ratest::ring_masks[1]);
-        c.key_bias_heads = idx % 2 ? 2 : 4;
-        c.keep_k = keep;
-        INFO("keep_k " << keep);
-        check_ring(ratest::packed_problem(c, 220 + (uint64_t)idx++), {2, 4});
-    }
-}
-
 TEST_CASE("NCCL ring: bitwise repeatable under other schedules and stream drain orders", "[cuda][nccl]")
 {
     if (!have_nccl()) return;

@@ -3,7 +3,8 @@
 // is tested, matched by (source, destination, tag) in order, and a barrier allreduce (its own
 // deadline: RINGATTN_COMM_TIMEOUT). Each rank's endpoint counts what the library must never do
 // (a callback off the rank's thread or two at once, a request used after its release, a
-// malformed message) and can inject a failure. test_ring_custom.cpp and the fault tests use it.
+// malformed message) and can inject a failure. test_custom_transport.cpp, the ring catalogue
+// (RATEST_TRANSPORT=custom) and the fault tests use it.
 #pragma once
 
 #include <atomic>

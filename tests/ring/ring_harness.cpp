@@ -1,4 +1,5 @@
 #include "ring/ring_harness.hpp"
+#include "ring/mailbox_transport.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -6,6 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <stdexcept>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -262,6 +266,16 @@ Result run_rank(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layo
     return res;
 }
 
+std::string test_transport()
+{
+    const char *env = std::getenv("RATEST_TRANSPORT");
+    const std::string t = env && *env ? env : "threads";
+    if (t != "threads" && t != "custom" && t != "nccl")
+        throw std::invalid_argument("RATEST_TRANSPORT: got '" + t +
+                                    "', expected threads, custom or nccl");
+    return t;
+}
+
 Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt)
 {
     require_packed(pb);
@@ -287,6 +301,18 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
         }, res);
     }
     if (opt.make_comm) return run_own_comms(pb, ranks, layout, opt, opt.make_comm, res);
+    const std::string transport = test_transport();
+    if (transport == "nccl") { // the transport under test (RATEST_TRANSPORT)
+        RunOptions o = opt;
+        o.nccl = true;
+        return run(pb, ranks, layout, o);
+    }
+    if (transport == "custom") {
+        mailbox::Network net;
+        RunOptions o = opt;
+        o.make_comm = net.options().make_comm;
+        return run(pb, ranks, layout, o);
+    }
     std::vector<ringattn_comm_t> comms((size_t)ranks);
     res.status = make_thread_comms(ranks, comms.data());
     if (res.status != RINGATTN_SUCCESS) return res;

@@ -16,6 +16,12 @@
 
 namespace ringtest {
 
+// The transport run() gives its ranks when the options name none (RATEST_TRANSPORT): threads
+// (the default: the threads transport of the backend's memory, device-copy for a device
+// backend), custom (the mailbox of ring/mailbox_transport.hpp, host memory) or nccl (NCCL with
+// a communicator per rank: the fake NCCL on the emulation).
+std::string test_transport();
+
 struct RunOptions {
     // Changes a rank's descriptor before plan creation (mismatch tests).
     std::function<void(int, ringattn_plan_desc_t &)> desc_hook;
