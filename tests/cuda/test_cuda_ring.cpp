@@ -19,6 +19,7 @@
 using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
+using ratest::with_bias;
 using ringtest::Result;
 
 namespace {
@@ -35,13 +36,6 @@ std::string label_of(const char *what, ringattn_layout_t layout, int ranks)
 void check_ring(const Problem &pb, std::initializer_list<int> ranks, bool exact_logits = false)
 {
     ringtest::check_every_layout(pb, ranks, ringtest::RunOptions(), true, exact_logits);
-}
-
-AttnConfig with_bias(AttnConfig c, int hb, int keep_k)
-{
-    c.key_bias_heads = hb;
-    c.keep_k = keep_k;
-    return c;
 }
 
 } // namespace

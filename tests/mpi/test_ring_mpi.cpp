@@ -27,6 +27,7 @@
 using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
+using ratest::with_bias;
 using ringtest::Result;
 using ringtest::all_layouts;
 using ringtest::RunOptions;
@@ -95,13 +96,6 @@ Result ring_over(MPI_Comm mpi, const Problem &pb, ringattn_layout_t layout,
     for (auto *v : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv, &r.dbias})
         if (!v->empty()) allreduce_sum(*v, mpi);
     return r;
-}
-
-AttnConfig with_bias(AttnConfig c, int hb, int keep_k)
-{
-    c.key_bias_heads = hb;
-    c.keep_k = keep_k;
-    return c;
 }
 
 // The ring over MPI_COMM_WORLD under every layout, each within SPEC 9 of the oracle.

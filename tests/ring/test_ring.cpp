@@ -18,6 +18,7 @@
 using ratest::AttnConfig;
 using ratest::Mask;
 using ratest::Problem;
+using ratest::with_bias;
 using ringtest::Result;
 using ringtest::all_layouts;
 using ringtest::RunOptions;
@@ -49,14 +50,6 @@ void check_mismatch_fails_quickly(const Problem &pb, int ranks,
     const Result r = ringtest::run(pb, ranks, RINGATTN_LAYOUT_CONTIGUOUS, opt);
     CHECK(r.status == RINGATTN_ERR_INVALID_ARGUMENT);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
-}
-
-// A problem of the ring batch with a key bias of hb heads and top-k keep_k.
-AttnConfig with_bias(AttnConfig c, int hb, int keep_k)
-{
-    c.key_bias_heads = hb;
-    c.keep_k = keep_k;
-    return c;
 }
 
 } // namespace

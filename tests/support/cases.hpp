@@ -128,8 +128,15 @@ inline AttnConfig ring_batch(const Mask &m, ringattn_dtype_t dt = RINGATTN_FLOAT
     return c;
 }
 
-// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
+// c with a key bias of hb heads and a top-k of keep_k (SPEC 6).
+inline AttnConfig with_bias(AttnConfig c, int hb, int keep_k)
+{
+    c.key_bias_heads = hb;
+    c.keep_k = keep_k;
+    return c;
+}
 
+// Softcap, ALiBi, MQA (H = 4, H_kv = 1) and D_v != D, causal with a window, two sequences.
 inline AttnConfig ring_softcap_alibi_mqa()
 {
     AttnConfig c = ring_batch({"causal+window", 1, 30, -1});
