@@ -6,11 +6,11 @@
 #include <dlfcn.h>
 
 #include <cmath>
-#include <cstring>
-#include <string>
-#include <stdexcept>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "base/dtype.h"
@@ -208,7 +208,6 @@ Result &run_own_comms(const Problem &pb, int ranks, ringattn_layout_t layout,
 }
 
 } // namespace
-
 
 NcclEntry nccl_entry()
 {

@@ -20,7 +20,8 @@ inline bool on_cuda() { return test_backend() == RINGATTN_BACKEND_CUDA; }
 bool library_has_backend(const char *name);
 
 // The size tier: `full` cases on the CPU backend and on a GPU (RATEST_GPU), `emulated` on the
-// emulated CUDA backend, whose kernels run about 100x slower than the CPU's.
+// emulated CUDA backend, whose kernels run each GPU thread on the CPU (a ring catalogue at
+// every rank count there takes minutes).
 int sized(int full, int emulated);
 
 // A head dimension the backend's kernels take (ringattn.h: CUDA wants multiples of 8 up to 256):
