@@ -48,10 +48,7 @@ bool library_has_backend(const char *name)
     return list.find(", " + std::string(name) + ",") != std::string::npos;
 }
 
-int sized(int full, int emulated)
-{
-    return on_cuda() && !std::getenv("RATEST_GPU") ? emulated : full;
-}
+bool emulated() { return on_cuda() && !std::getenv("RATEST_GPU"); }
 
 int backend_dim(int d) { return on_cuda() && d % 8 ? d + 8 - d % 8 : d; }
 

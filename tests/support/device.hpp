@@ -19,10 +19,11 @@ inline bool on_cuda() { return test_backend() == RINGATTN_BACKEND_CUDA; }
 // The library under test was built with this backend ("cpu", "cuda": ringattn_build_info).
 bool library_has_backend(const char *name);
 
-// The size tier: `full` cases on the CPU backend and on a GPU (RATEST_GPU), `emulated` on the
-// emulated CUDA backend, whose kernels run each GPU thread on the CPU (a ring catalogue at
-// every rank count there takes minutes).
-int sized(int full, int emulated);
+// The size tier: the emulated CUDA backend (CUDA, not on a GPU: RATEST_GPU unset), whose kernels
+// run each GPU thread on the CPU (a ring catalogue at every rank count there takes minutes),
+// runs fewer cases: `emulated` of them, where the CPU backend and a GPU run `full`.
+bool emulated();
+inline int sized(int full, int emulated_count) { return emulated() ? emulated_count : full; }
 
 // A head dimension the backend's kernels take (ringattn.h: CUDA wants multiples of 8 up to 256):
 // d on the CPU, else d rounded up to a multiple of 8.

@@ -110,6 +110,12 @@ extern "C" void *__libc_memalign(size_t, size_t);
 static std::atomic<bool> counting{false};
 static std::atomic<long> allocations{0};
 static void count() { if (counting) ++allocations; }
+// The CPU backend's calls only: the emulated CUDA runtime allocates on the host in every launch.
+static bool counts_host_allocations()
+{
+    if (on_cuda()) WARN("host allocations are counted on the CPU backend only");
+    return !on_cuda();
+}
 extern "C" void *malloc(size_t n) { count(); return __libc_malloc(n); }
 extern "C" void *calloc(size_t a, size_t b) { count(); return __libc_calloc(a, b); }
 extern "C" void *realloc(void *p, size_t n) { count(); return __libc_realloc(p, n); }
@@ -125,10 +131,7 @@ TEST_CASE("forward and backward allocate nothing after the plan is made", "[info
 {
     // Every byte a call needs was made at plan creation (a first call warms OpenMP's and
     // OpenBLAS's threads up).
-    if (on_cuda()) { // (the emulated runtime allocates on the host in every launch)
-        WARN("host allocations are counted on the CPU backend only");
-        return;
-    }
+    if (!counts_host_allocations()) return;
     for (int selects = 0; selects < 2; ++selects) {
         AttnConfig c = small_config();
         if (selects) c.key_bias_heads = 2, c.keep_k = 40;
@@ -154,10 +157,7 @@ TEST_CASE("forward and backward allocate nothing after the plan is made", "[info
 TEST_CASE("a ring call over threads allocates nothing after the plan is made", "[info][ring]")
 {
     // The threads transport keeps its message records in the exchanges themselves.
-    if (on_cuda()) {
-        WARN("host allocations are counted on the CPU backend only");
-        return;
-    }
+    if (!counts_host_allocations()) return;
     AttnConfig c = small_config();
     c.key_bias_heads = 2;
     c.keep_k = 40;
