@@ -1,5 +1,6 @@
 #include "ring/ring_harness.hpp"
 #include "ring/mailbox_transport.hpp"
+#include "support/digest.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -275,7 +276,8 @@ std::string test_transport()
     return t;
 }
 
-Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt)
+static Result run_ring(const Problem &pb, int ranks, ringattn_layout_t layout,
+                       const RunOptions &opt)
 {
     require_packed(pb);
     Result res = blank(pb, NAN);
@@ -304,13 +306,13 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
     if (transport == "nccl") { // the transport under test (RATEST_TRANSPORT)
         RunOptions o = opt;
         o.nccl = true;
-        return run(pb, ranks, layout, o);
+        return run_ring(pb, ranks, layout, o);
     }
     if (transport == "custom") {
         mailbox::Network net;
         RunOptions o = opt;
         o.make_comm = net.options().make_comm;
-        return run(pb, ranks, layout, o);
+        return run_ring(pb, ranks, layout, o);
     }
     std::vector<ringattn_comm_t> comms((size_t)ranks);
     res.status = make_thread_comms(ranks, comms.data());
@@ -321,6 +323,17 @@ Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOpti
                              std::ref(sh));
     for (auto &th : threads) th.join();
     for (auto c : comms) ringattn_comm_destroy(c);
+    return res;
+}
+
+Result run(const Problem &pb, int ranks, ringattn_layout_t layout, const RunOptions &opt)
+{
+    Result res = run_ring(pb, ranks, layout, opt);
+    auto floats = [](const std::vector<float> &v) {
+        return ratest::Bytes{v.data(), v.size() * sizeof(float)};
+    };
+    ratest::digest("ring", {floats(res.o), floats(res.lse), floats(res.dq), floats(res.dk),
+                            floats(res.dv), floats(res.dbias)});
     return res;
 }
 

@@ -1,4 +1,5 @@
 #include "support/shim.hpp"
+#include "support/digest.hpp"
 #include "support/spec9.hpp"
 
 #include <catch2/catch.hpp>
@@ -192,6 +193,8 @@ ringattn_status_t run_forward(const Plan &plan, Problem &pb)
     ringattn_tensors_t t = pb.tensors();
     const ringattn_status_t st = ringattn_forward(plan.get(), &t, nullptr);
     pb.from_device();
+    digest("forward", {{pb.o.buf->bytes.data(), pb.o.buf->bytes.size()},
+                       {pb.lse.data(), pb.lse.size() * sizeof(float)}});
     return st;
 }
 
@@ -200,6 +203,11 @@ ringattn_status_t run_backward(const Plan &plan, Problem &pb)
     ringattn_tensors_t t = pb.tensors();
     const ringattn_status_t st = ringattn_backward(plan.get(), &t, nullptr);
     pb.from_device();
+    auto bytes = [](const TView &v) {
+        return v.buf ? Bytes{v.buf->bytes.data(), v.buf->bytes.size()} : Bytes{nullptr, 0};
+    };
+    digest("backward", {bytes(pb.dq), bytes(pb.dk), bytes(pb.dv),
+                        {pb.dbias_buf.data(), pb.dbias_buf.size() * sizeof(float)}});
     return st;
 }
 
