@@ -14,6 +14,7 @@
 #include "base/view.h"
 #include "masks/mask.h"
 #include "masks/shard.h"
+#include "masks/tiles.h"
 #include "ringattn.h"
 
 #define RA_MAX_HEAD_DIM 256 /* D and D_v (SPEC 1) */
@@ -45,6 +46,9 @@ typedef struct ra_kernel_params {
                              a KV cache plan): no step both starts and finalises it */
     int forward_only;     /* the plan never runs a backward (a KV cache's): no backward memory */
     const ra_shard *key_shards;
+    /* [num_key_shards] the local queries' tiles (block_q) against each key shard's (block_k),
+       classified once at plan creation (masks/tiles.h): what every kernel walks */
+    const ra_tile_list *key_tiles;
 } ra_kernel_params;
 
 /* SPEC 6 inputs of a step: the held key shard's bias and the local queries' thresholds. */
@@ -103,6 +107,12 @@ typedef struct ra_bwd_io {
     void *stream;
     ra_dyn_io dyn;
 } ra_bwd_io;
+
+/* The tile list of the local queries against key shard `keys` (one of the params'). */
+static inline const ra_tile_list *ra__key_tiles(const ra_kernel_params *p, const ra_shard *keys)
+{
+    return &p->key_tiles[keys - p->key_shards];
+}
 
 /*
  * SPEC 9: below this |LSE|, float32 rounding moves LSE by at most 2^-17, so P = exp(s - LSE) is

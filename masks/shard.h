@@ -22,6 +22,19 @@ typedef struct ra_shard {
     int64_t rows;
 } ra_shard;
 
+/* The tile [t0, t0 + block) of segment seg's tokens, cut at its end: its positions (a span);
+   its first local row is seg->row + t0. Every tile walk of both backends cuts tiles so. */
+RA_HD ra_span ra__segment_tile(const ra_segment *seg, int64_t t0, int64_t block)
+{
+    const int64_t left = seg->span.count - t0;
+    ra_span s;
+    s.seq = seg->span.seq;
+    s.pos = seg->span.pos + t0 * seg->span.stride;
+    s.stride = seg->span.stride;
+    s.count = left < block ? left : block;
+    return s;
+}
+
 /* Index in the packed global batch (boundaries cu) of token j of segment seg. */
 static inline int64_t ra__segment_global(const ra_segment *seg, const int32_t *cu, int64_t j)
 {

@@ -62,6 +62,8 @@ static void plan_free(struct ringattn_plan *p)
     ra__device_leave(p, previous);
     ra__select_free(p->select);
     for (int r = 0; p->shards && r < p->num_shards; ++r) ra__shard_free(&p->shards[r]);
+    for (int r = 0; p->tiles && r < p->num_shards; ++r) ra__tile_list_free(&p->tiles[r]);
+    free(p->tiles);
     free(p->shards);
     ra__shard_free(&p->queries);
     free(p->step_compute);
@@ -97,6 +99,22 @@ static ringattn_status_t plan_shards(struct ringattn_plan *p)
     /* ra__shard_make's arrays: segments of up to two spans per sequence, seq_first */
     p->host_bytes += (size_t)(p->num_shards + !p->comm) *
                      (((size_t)n * 2 + 1) * sizeof(ra_segment) + ((size_t)n + 1) * sizeof(int32_t));
+    return RINGATTN_SUCCESS;
+}
+
+/* The local queries' tiles against every key shard's, in the tiles the backend chose
+   (masks/tiles.h): the classification of SPEC 3 once, for every call's kernels. */
+static ringattn_status_t plan_tiles(struct ringattn_plan *p)
+{
+    p->tiles = calloc((size_t)p->num_shards, sizeof *p->tiles);
+    RA_CHECK(p->tiles, RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    p->host_bytes += (size_t)p->num_shards * sizeof *p->tiles;
+    for (int s = 0; s < p->num_shards; ++s) {
+        RA_TRY(ra__tile_list_make(p->kp.window, p->delta, p->kp.queries, 1, p->kp.block_q,
+                                  &p->shards[s], p->kp.block_k, &p->tiles[s]));
+        p->host_bytes += ra__tile_list_bytes(&p->tiles[s]);
+    }
+    p->kp.key_tiles = p->tiles;
     return RINGATTN_SUCCESS;
 }
 
@@ -182,6 +200,7 @@ static ringattn_status_t plan_fill(struct ringattn_plan *p, ringattn_comm_t comm
     RA_TRY(be->prepare(&p->kp));
     p->device = p->kp.device; /* resolved: -1 became the current device */
     RA_TRY(p->kind->schedule(p));
+    RA_TRY(plan_tiles(p));
     RA_TRY(ra__select_make(p));
     const int previous = ra__device_enter(p); /* the buffers live on the plan's device */
     ringattn_status_t st = p->kind->buffers(p);

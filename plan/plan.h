@@ -31,6 +31,7 @@ struct ringattn_plan {
        `queries` (of cu_seqlens) on one rank. */
     ra_shard *shards;
     int num_shards;
+    ra_tile_list *tiles;  /* [num_shards] kp.key_tiles */
     ra_shard queries;
     const ra_plan_kind *kind; /* a ring or a KV cache plan (plan/kind.h) */
     /* Inference (ring/cache.c): a sharded cache, or new K/V. shards[ranks] is then the new

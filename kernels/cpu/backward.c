@@ -63,15 +63,12 @@ ringattn_status_t ra__cpu_backward_prologue(struct ra_workspace *ws, const ra_ke
 {
     const int nt = ra__cpu_threads(p, ws), H = p->num_heads;
     (void)nt; /* the pragma's: unused in a build without OpenMP */
-    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
-    const int64_t tasks = qt.tiles * H;
+    const int64_t rows = p->queries->rows, tasks = (rows + p->block_q - 1) / p->block_q * H;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t task = 0; task < tasks; ++task) {
-        ra_span span;
+    for (int64_t task = 0; task < tasks; ++task) { /* each row alone: chunks of block_q rows */
         int64_t row;
-        ra__tiling_tile(&qt, p->queries, task / H, &span, &row);
-        prologue_rows(p, io, &ws->per_thread[omp_get_thread_num()], (int)(task % H), row,
-                      (int)span.count);
+        const int n = ra__row_chunk(task, H, p->block_q, rows, &row);
+        prologue_rows(p, io, &ws->per_thread[omp_get_thread_num()], (int)(task % H), row, n);
     }
     return RINGATTN_SUCCESS;
 }
@@ -160,9 +157,8 @@ ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kern
     (void)nt; /* the pragma's: unused in a build without OpenMP */
     const ra_bwd_parts parts = {ws->bwd_dk, ws->bwd_dv,    ws->bwd_db,    J,
                                 Hk,         p->head_dim, p->head_dim_v, ws->bwd_db_rows};
-    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
-    const ra_tiling kt = ra__tiling_make(io->keys, p->keys_block, ws->k_first);
-    const int64_t tasks = (int64_t)p->num_seqs * Hk * J, sums = kt.tiles * Hk;
+    const int64_t tk = io->keys->rows, tasks = (int64_t)p->num_seqs * Hk * J;
+    const int64_t sums = (tk + p->keys_block - 1) / p->keys_block * Hk; /* elementwise sums */
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel num_threads(nt)
@@ -171,13 +167,12 @@ ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kern
         /* the last range first: under a causal mask it sees the most keys */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; ++task)
-            ra__grads_task(p, io, w, &parts, &qt, (int)(task / J / Hk), (int)(task / J % Hk),
+            ra__grads_task(p, io, w, &parts, (int)(task / J / Hk), (int)(task / J % Hk),
                            J - 1 - (int)(task % J));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < sums; ++task) {
-            ra_span ks;
             int64_t krow;
-            const int nk = ra__tiling_tile(&kt, io->keys, task / Hk, &ks, &krow);
+            const int nk = ra__row_chunk(task, Hk, p->keys_block, tk, &krow);
             sum_key_tile(p, io, &parts, krow, nk, (int)(task % Hk));
             if (io->dyn.dbias && task % Hk == 0) sum_key_tile_dbias(p, io, &parts, krow, nk);
             if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);

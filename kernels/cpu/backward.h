@@ -68,6 +68,6 @@ static inline float *ra__bwd_slot_db(const ra_bwd_parts *s, int j, int r, int64_
  * sequence s zeroed and then summed over its tile pairs.
  */
 void ra__grads_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                    const ra_bwd_parts *parts, const ra_tiling *qt, int s, int g, int j);
+                    const ra_bwd_parts *parts, int s, int g, int j);
 
 #endif

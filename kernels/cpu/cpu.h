@@ -38,16 +38,8 @@ typedef struct ra_thread_ws {
     uint32_t *pack_a, *pack_b;   /* their packed operands (NULL when unused) */
 } ra_thread_ws;
 
-/* The tiles of a shard: every segment cut into tiles of `block` rows. */
-typedef struct ra_tiling {
-    int block;
-    int64_t tiles;
-    int64_t *first; /* [num_segs + 1] first tile of each segment */
-} ra_tiling;
-
 struct ra_workspace {
     int threads;                /* per_thread entries: the most threads a call may use */
-    int64_t *q_first, *k_first; /* tiling buffers, [max segments + 1] each */
     ra_thread_ws *per_thread;   /* [threads] */
     /* the backward prologue (SPEC 7, 9): D_i of every local query row and the shift and scale
        of its probabilities, [H, rows] each */
@@ -73,11 +65,12 @@ ringattn_status_t ra__cpu_backward_workspace(const ra_kernel_params *p, struct r
 /* Threads of this call: the plan's num_threads or OpenMP's default, at most the workspace's. */
 int ra__cpu_threads(const ra_kernel_params *p, const struct ra_workspace *ws);
 
-/* Tiles shard sh by block rows (first: a buffer of sh->num_segs + 1 entries). */
-ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first);
-/* Tile number `tile`: its positions (*span), its first local row (*row); returns its rows. */
-int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
-                    int64_t *row);
+/* Tasks of rows [0, rows) in chunks of `block`, times `heads`: task's first row, its rows. */
+static inline int ra__row_chunk(int64_t task, int heads, int block, int64_t rows, int64_t *row0)
+{
+    *row0 = task / heads * block;
+    return (int)(rows - *row0 < block ? rows - *row0 : block);
+}
 
 /* Memory and element work (memory.c): host memory, in the calling thread's order. */
 extern const ra_memory_ops ra__host_memory;
@@ -101,24 +94,22 @@ ringattn_status_t ra__cpu_attend_backward(struct ra_workspace *ws, const ra_kern
                                           const ra_bwd_io *io);
 
 /*
- * A walk over the tiles of shard `other` (blocks of `block` rows of each of its segments of the
- * same sequence) that meet tile `mine`, which is a query tile (mine_is_query) or a key tile.
- * Only tiles inside the mask hull are visited and EMPTY ones are skipped; for each tile the
- * allowed interval of every query row is left in row_begin/row_end (masks/mask.h).
+ * A walk over the key tiles that query tile `item` of a tile list (masks/tiles.h, the plan's:
+ * EMPTY tiles are not in it) meets; for a PARTIAL tile the allowed interval of every query row
+ * is left in row_begin/row_end (masks/mask.h).
  */
 typedef struct ra_tile_walk {
     const ra_kernel_params *p;
-    const ra_span *mine;
-    int mine_is_query;
-    const ra_shard *other;
+    const ra_span *mine;  /* the query tile */
+    const ra_shard *keys;
     int block;
-    int32_t seg_first, seg, seg_end; /* segments of the sequence; the one being walked */
-    int64_t next, end;               /* next tile start in the segment; end of its hull */
+    const ra_tile_run *run, *run_end;
+    int32_t next;         /* the next tile of *run */
     int32_t *row_begin, *row_end;
 } ra_tile_walk;
 
-void ra__walk_begin(ra_tile_walk *w, const ra_kernel_params *p, const ra_span *mine,
-                    int mine_is_query, const ra_shard *other, int block, int32_t *row_begin,
+void ra__walk_begin(ra_tile_walk *w, const ra_kernel_params *p, const ra_tile_list *list,
+                    int32_t item, const ra_span *mine, const ra_shard *keys, int32_t *row_begin,
                     int32_t *row_end);
 /* The next tile that meets: its positions, first local row and kind; 0 when none is left. */
 int ra__walk_next(ra_tile_walk *w, ra_span *tile, int64_t *row, ra_block_kind *kind);
@@ -258,8 +249,8 @@ typedef struct ra_key_pieces {
 } ra_key_pieces;
 
 void ra__pieces_begin(ra_key_pieces *k, const ra_kernel_params *p, const ra_dyn_io *io,
-                      ra_thread_ws *w, const ra_span *qs, int64_t qrow, const ra_shard *ksh,
-                      int h, int bk);
+                      ra_thread_ws *w, const ra_tile_list *list, int32_t item, const ra_span *qs,
+                      int64_t qrow, const ra_shard *ksh, int h);
 ra_piece ra__pieces_next(ra_key_pieces *k);
 
 /*

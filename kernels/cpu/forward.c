@@ -103,9 +103,11 @@ static void forward_batch(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
                      Dv, 1.0f, w->acc, Dv);
 }
 
-/* The query tile qs (local rows from qrow) of head h against every key segment of its sequence. */
+/* Query tile `item` of the held shard's tile list (qs, local rows from qrow) of head h against
+   every key tile it meets. */
 static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_ws *w,
-                          const ra_span *qs, int64_t qrow, int h, int bk)
+                          const ra_tile_list *list, int32_t item, const ra_span *qs,
+                          int64_t qrow, int h)
 {
     const int D = p->head_dim, g = h / (p->num_heads / p->num_kv_heads);
     const int Dv = acc_dim(p, io), nq = (int)qs->count;
@@ -114,7 +116,7 @@ static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
     const ra_qtile q = ra__qtile(p, q_in, ldq, nq, io->scale_q_first, w->q_scaled);
     state_begin(p, io, w, h, qrow, nq);
     ra_key_pieces pieces;
-    ra__pieces_begin(&pieces, p, &io->dyn, w, qs, qrow, io->keys, h, bk);
+    ra__pieces_begin(&pieces, p, &io->dyn, w, list, item, qs, qrow, io->keys, h);
     for (ra_piece piece; (piece = ra__pieces_next(&pieces)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
             forward_batch(p, io, w, qs, &q, h, &pieces.batch, &pieces.sel);
@@ -149,19 +151,20 @@ ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kerne
 {
     const int nt = ra__cpu_threads(p, ws);
     (void)nt; /* the pragma's: unused in a build without OpenMP */
-    const ra_tiling qt = ra__tiling_make(p->queries, p->block_q, ws->q_first);
+    const ra_tile_list *list = ra__key_tiles(p, io->keys);
     const int H = p->num_heads;
-    const int64_t tasks = qt.tiles * H;
+    const int64_t tasks = (int64_t)list->num_items * H;
     int blas_threads;
     ra__cpu_blas_single_thread_begin(&blas_threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int64_t task = 0; task < tasks; ++task) {
+    for (int64_t task = 0; task < tasks; ++task) { /* the heaviest query tiles first */
         ra_span qs;
         int64_t qrow;
         const int h = (int)(task % H);
-        ra__tiling_tile(&qt, p->queries, task / H, &qs, &qrow);
+        const int32_t item = list->order[task / H];
+        ra__tile_item_span(list, p->queries, item, &qs, &qrow);
         if (!io->stats_only || tile_needs_stats(p, io, h, qrow, (int)qs.count))
-            forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], &qs, qrow, h, p->block_k);
+            forward_qtile(p, io, &ws->per_thread[omp_get_thread_num()], list, item, &qs, qrow, h);
         if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);
     }
     ra__cpu_blas_single_thread_end(blas_threads);

@@ -65,16 +65,18 @@ static void batch_pair(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
     }
 }
 
-/* Query tile qs (local rows from qrow) of head h against every key it sees; dQ in w->acc. */
+/* Query tile `item` of the held shard's tile list (qs, local rows from qrow) of head h against
+   every key it sees; dQ in w->acc. */
 static void query_tile(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                       const ra_span *qs, int64_t qrow, int h, int g, const task_sums *t)
+                       const ra_tile_list *list, int32_t item, const ra_span *qs, int64_t qrow,
+                       int h, int g, const task_sums *t)
 {
     const int D = p->head_dim, Dv = p->head_dim_v, nq = (int)qs->count;
     int64_t ldk, ldv;
     const ra_q_side qd = ra__load_q_side(p, io, w, h, qrow, nq);
     memset(w->acc, 0, (size_t)nq * D * sizeof *w->acc);
     ra_key_pieces pieces;
-    ra__pieces_begin(&pieces, p, &io->dyn, w, qs, qrow, io->keys, h, p->block_k);
+    ra__pieces_begin(&pieces, p, &io->dyn, w, list, item, qs, qrow, io->keys, h);
     for (ra_piece piece; (piece = ra__pieces_next(&pieces)) != RA_PIECE_END;) {
         if (piece == RA_PIECE_BATCH) {
             batch_pair(p, io, w, qs, h, g, &qd, &pieces.batch, &pieces.sel, t);
@@ -93,7 +95,7 @@ static void query_tile(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread
 }
 
 void ra__grads_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws *w,
-                    const ra_bwd_parts *parts, const ra_tiling *qt, int s, int g, int j)
+                    const ra_bwd_parts *parts, int s, int g, int j)
 {
     const int G = p->num_heads / p->num_kv_heads, J = parts->ranges;
     const int64_t tk = io->keys->rows;
@@ -106,14 +108,16 @@ void ra__grads_task(const ra_kernel_params *p, const ra_bwd_io *io, ra_thread_ws
     zero_sequence_rows(p, io, parts, &t, s, dbr0, dbr1, j);
 
     const ra_shard *qsh = p->queries;
-    const int64_t t0 = qt->first[qsh->seq_first[s]], n = qt->first[qsh->seq_first[s + 1]] - t0;
+    const ra_tile_list *list = ra__key_tiles(p, io->keys); /* its items in tile order */
+    const int64_t t0 = list->seg_item[qsh->seq_first[s]];
+    const int64_t n = list->seg_item[qsh->seq_first[s + 1]] - t0;
     for (int64_t tile = t0 + n * j / J; tile < t0 + n * (j + 1) / J; ++tile) {
         ra_span qs;
         int64_t qrow;
-        ra__tiling_tile(qt, qsh, tile, &qs, &qrow);
+        ra__tile_item_span(list, qsh, (int32_t)tile, &qs, &qrow);
         for (int h = g * G; h < (g + 1) * G; ++h) {
             if (io->dyn.dbias && per_head) t.db = ra__bwd_slot_db(parts, j, h, tk);
-            query_tile(p, io, w, &qs, qrow, h, g, &t);
+            query_tile(p, io, w, list, (int32_t)tile, &qs, qrow, h, g, &t);
         }
         if (omp_get_thread_num() == 0) ra__call_stream_poll(io->stream);
     }

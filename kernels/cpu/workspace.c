@@ -1,7 +1,7 @@
 /*
  * The CPU backend's workspace, made at plan creation and kept by the plan: O(threads x tile)
- * floats, the tile index of each sequence, the backward prologue's three values per local
- * query row and head (as many as the LSE each); and the backward's partial dK, dV, dBias slots
+ * floats, the backward prologue's three values per local query row and head (as many as the
+ * LSE each); and the backward's partial dK, dV, dBias slots
  * (backward.h), made by the plan's first backward call (issue 28: at T = 32K they were 130 MiB
  * of a forward-only plan).
  */
@@ -20,8 +20,6 @@ int ra__cpu_threads(const ra_kernel_params *p, const struct ra_workspace *ws)
 void ra__cpu_workspace_destroy(struct ra_workspace *ws)
 {
     if (!ws) return;
-    free(ws->q_first);
-    free(ws->k_first);
     free(ws->per_thread);
     free(ws->drow);
     free(ws->pshift);
@@ -29,34 +27,6 @@ void ra__cpu_workspace_destroy(struct ra_workspace *ws)
     free(ws->bwd_dk);
     free(ws->slab);
     free(ws);
-}
-
-ra_tiling ra__tiling_make(const ra_shard *sh, int block, int64_t *first)
-{
-    first[0] = 0;
-    for (int i = 0; i < sh->num_segs; ++i)
-        first[i + 1] = first[i] + (sh->segs[i].span.count + block - 1) / block;
-    const ra_tiling t = {block, first[sh->num_segs], first};
-    return t;
-}
-
-int ra__tiling_tile(const ra_tiling *t, const ra_shard *sh, int64_t tile, ra_span *span,
-                    int64_t *row)
-{
-    int lo = 0, hi = sh->num_segs - 1; /* the segment with first[i] <= tile < first[i + 1] */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (t->first[mid] <= tile) lo = mid;
-        else hi = mid - 1;
-    }
-    const ra_segment *seg = &sh->segs[lo];
-    const int64_t off = (tile - t->first[lo]) * t->block, left = seg->span.count - off;
-    span->seq = seg->span.seq;
-    span->pos = seg->span.pos + off * seg->span.stride;
-    span->stride = seg->span.stride;
-    span->count = left < t->block ? left : t->block;
-    *row = seg->row + off;
-    return (int)span->count;
 }
 
 /* The largest M, N or K of a tile product: the own products' packing buffers hold it. */
@@ -152,20 +122,14 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
     const size_t per = carve(&(ra_thread_ws){0}, NULL, p, bf16, f32);
     size_t n_dk, n_dv;
     const size_t slots = backward_slots(p, ws, &n_dk, &n_dv);
-    int max_segs = 1; /* tilings are made of the queries and of one key shard at a time */
-    for (int s = 0; s < p->num_key_shards; ++s)
-        max_segs = p->key_shards[s].num_segs > max_segs ? p->key_shards[s].num_segs : max_segs;
-    max_segs = p->queries->num_segs > max_segs ? p->queries->num_segs : max_segs;
     const size_t rows = (size_t)p->num_heads * (size_t)p->queries->rows + 1;
-    ws->q_first = malloc(((size_t)max_segs + 1) * sizeof(int64_t));
-    ws->k_first = malloc(((size_t)max_segs + 1) * sizeof(int64_t));
     ws->per_thread = calloc((size_t)threads, sizeof *ws->per_thread);
     ws->drow = malloc(rows * sizeof(float));
     ws->pshift = malloc(rows * sizeof(float));
     ws->pscale = malloc(rows * sizeof(float));
     ws->slab = aligned_alloc(64, per * threads * sizeof(float));
     ws->bwd_floats = slots, ws->bwd_dk_floats = n_dk, ws->bwd_dv_floats = n_dv;
-    if (!ws->q_first || !ws->k_first || !ws->per_thread || !ws->drow || !ws->pshift ||
+    if (!ws->per_thread || !ws->drow || !ws->pshift ||
         !ws->pscale || !ws->slab) {
         ra__cpu_workspace_destroy(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY,
@@ -178,7 +142,7 @@ ringattn_status_t ra__cpu_workspace_create(const ra_kernel_params *p, struct ra_
         w->drow = ws->drow, w->pshift = ws->pshift, w->pscale = ws->pscale;
     }
     *bytes = sizeof *ws + per * threads * sizeof(float) + 3 * rows * sizeof(float) +
-             2 * ((size_t)max_segs + 1) * sizeof(int64_t) + threads * sizeof *ws->per_thread;
+             threads * sizeof *ws->per_thread;
     *out = ws;
     return RINGATTN_SUCCESS;
 }

@@ -71,14 +71,48 @@ void cuda_workspace_destroy(struct ra_workspace *wsp)
     std::free(ws);
 }
 
-// The tiles of a shard's segments: (segment, first index) pairs of `rows` rows each.
-std::vector<int32_t> shard_tiles(const ra_shard *sh, int rows)
+// A tile list's place in the arena image: its items in launch order (heaviest first), its runs.
+struct tiles_at {
+    size_t items = 0, runs = 0;
+    int count = 0;
+};
+
+tiles_at place_tiles(arena_image &img, const ra_tile_list &l)
 {
-    std::vector<int32_t> work;
-    for (int i = 0; i < sh->num_segs; ++i)
-        for (int64_t t0 = 0; t0 < sh->segs[i].span.count; t0 += rows)
-            work.push_back(i), work.push_back((int32_t)t0);
-    return work;
+    std::vector<ra_tile_item> items((size_t)l.num_items);
+    for (int32_t j = 0; j < l.num_items; ++j) items[(size_t)j] = l.items[l.order[j]];
+    tiles_at at;
+    at.items = img.place(items.data(), items.size() * sizeof(ra_tile_item));
+    at.runs = img.place(l.runs, (size_t)l.num_runs * sizeof(ra_tile_run));
+    at.count = l.num_items;
+    return at;
+}
+
+// The backward's own lists against key shard k, in its tiles (ra__cuda_bwd_tile): the query
+// pass's (query-major) and the key pass's (key-major), into the image.
+ringattn_status_t place_backward_tiles(arena_image &img, const ra_kernel_params *p,
+                                       const ra_shard *k, tiles_at *q, tiles_at *kk)
+{
+    const int t = p->keys_block;
+    ra_tile_list lq, lk;
+    RA_TRY(ra__tile_list_make(p->window, p->delta, p->queries, 1, t, k, t, &lq));
+    ringattn_status_t st = ra__tile_list_make(p->window, p->delta, k, 0, t, p->queries, t, &lk);
+    if (st == RINGATTN_SUCCESS) {
+        try {
+            *q = place_tiles(img, lq), *kk = place_tiles(img, lk);
+        } catch (...) {
+            st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+        }
+        ra__tile_list_free(&lk);
+    }
+    ra__tile_list_free(&lq);
+    return st;
+}
+
+ra_cuda_tiles device_tiles(char *base, const tiles_at &at)
+{
+    return ra_cuda_tiles{reinterpret_cast<const ra_tile_item *>(base + at.items),
+                         reinterpret_cast<const ra_tile_run *>(base + at.runs), at.count};
 }
 
 ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_workspace **out,
@@ -93,38 +127,38 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         std::free(ws);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
     }
-    // delta, alibi, the scan's maxima, query segments, work, then each key shard's arrays
+    // delta, alibi, the scan's maxima, query segments, then each key shard's segments and the
+    // tile lists against it (the plan's; the backward's unless the plan is forward-only)
     const size_t n = (size_t)p->num_seqs, shards = (size_t)p->num_key_shards;
     arena_image img;
-    size_t o_delta = 0, o_alibi = 0, o_abs = 0, o_q = 0, o_work = 0, o_qfirst = 0;
-    std::vector<size_t> o_segs(shards), o_first(shards), o_kwork(shards);
+    size_t o_delta = 0, o_alibi = 0, o_abs = 0, o_q = 0;
+    std::vector<size_t> o_segs(shards);
+    std::vector<tiles_at> o_fwd(shards), o_bq(shards), o_bk(shards);
+    ringattn_status_t st = RINGATTN_SUCCESS;
     try {
-        const std::vector<int32_t> work = shard_tiles(p->queries, QUERY_TILE);
-        ws->tiles = (int)(work.size() / 2);
         o_delta = img.place(p->delta, n * sizeof(int64_t));
         o_alibi = img.place(p->alibi, p->alibi ? (size_t)p->num_heads * sizeof(float) : 0);
         o_abs = img.place(nullptr, 4 * sizeof(float));
         o_q = img.place(p->queries->segs, (size_t)p->queries->num_segs * sizeof(ra_segment));
-        o_work = img.place(work.data(), work.size() * sizeof(int32_t));
-        o_qfirst = img.place(p->queries->seq_first, (n + 1) * sizeof(int32_t));
-        for (size_t s = 0; s < shards; ++s) {
+        for (size_t s = 0; s < shards && st == RINGATTN_SUCCESS; ++s) {
             const ra_shard *k = &p->key_shards[s];
             o_segs[s] = img.place(k->segs, (size_t)k->num_segs * sizeof(ra_segment));
-            o_first[s] = img.place(k->seq_first, (n + 1) * sizeof(int32_t));
-            const std::vector<int32_t> kwork = shard_tiles(k, p->keys_block);
-            o_kwork[s] = img.place(kwork.data(), kwork.size() * sizeof(int32_t));
-            ws->keys[s].tiles = (int)(kwork.size() / 2);
+            o_fwd[s] = place_tiles(img, p->key_tiles[s]);
+            if (!p->forward_only) st = place_backward_tiles(img, p, k, &o_bq[s], &o_bk[s]);
         }
     } catch (...) {
+        st = ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+    }
+    if (st != RINGATTN_SUCCESS) {
         cuda_workspace_destroy((struct ra_workspace *)ws);
-        return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, FN ": out of memory");
+        return st;
     }
     const size_t states = (size_t)p->num_heads * (size_t)p->queries->rows;
     const size_t row_bytes = 3 * states * sizeof(float);
     // a ring with D_v above one tile: (m, l) of each D_v block (forward_common.cuh: state_z)
     const int zb = p->carries_state ? ra__cuda_dim_v_blocks(p->head_dim_v) : 1;
     const size_t z_bytes = zb > 1 ? 2 * (size_t)zb * states * sizeof(float) : 0;
-    ringattn_status_t st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
+    st = ra__cuda_alloc(img.bytes.size(), &ws->arena);
     if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
     if (st == RINGATTN_SUCCESS && z_bytes)
         st = ra__cuda_alloc(z_bytes, reinterpret_cast<void **>(&ws->zstate));
@@ -139,17 +173,14 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     }
     char *base = static_cast<char *>(ws->arena);
     ws->bytes = img.bytes.size() + row_bytes + z_bytes;
-    ws->qseq_first = reinterpret_cast<const int32_t *>(base + o_qfirst);
     ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
     ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
     ws->absmax = reinterpret_cast<float *>(base + o_abs);
     ws->qsegs = reinterpret_cast<const ra_segment *>(base + o_q);
-    ws->work = reinterpret_cast<const int32_t *>(base + o_work);
     for (size_t s = 0; s < shards; ++s)
         ws->keys[s] = ra_cuda_keys{reinterpret_cast<const ra_segment *>(base + o_segs[s]),
-                                   reinterpret_cast<const int32_t *>(base + o_first[s]),
-                                   reinterpret_cast<const int32_t *>(base + o_kwork[s]),
-                                   ws->keys[s].tiles};
+                                   device_tiles(base, o_fwd[s]), device_tiles(base, o_bq[s]),
+                                   device_tiles(base, o_bk[s])};
     *out = (struct ra_workspace *)ws;
     *bytes = ws->bytes;
     return RINGATTN_SUCCESS;
@@ -193,8 +224,8 @@ ra_attn_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra
     a.q_row = q->row, a.q_head = q->head, a.k_row = k->row, a.k_head = k->head;
     a.v_row = v->row, a.v_head = v->head;
     a.lse = const_cast<float *>(lse);
-    a.qsegs = ws->qsegs, a.work = ws->work;
-    a.ksegs = ws->keys[s].segs, a.kseq_first = ws->keys[s].seq_first, a.delta = ws->delta;
+    a.qsegs = ws->qsegs, a.ksegs = ws->keys[s].segs, a.delta = ws->delta;
+    a.items = ws->keys[s].fwd.items, a.runs = ws->keys[s].fwd.runs; // the backward: its own
     a.tq = (int)p->queries->rows, a.heads = p->num_heads, a.kv_heads = p->num_kv_heads;
     a.d = p->head_dim, a.dv = p->head_dim_v;
     a.window = p->window;
@@ -208,16 +239,22 @@ ra_attn_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra
     return a;
 }
 
-// The backward's own arguments: the prologue's row arrays, the query segments by sequence.
-ra_bwd_args backward_args(const ra_cuda_ws *ws, const ra_kernel_params *p, ra_attn_args f)
+// The backward's own arguments: the prologue's row arrays, its tiles and, against the held
+// key shard (keys; NULL: the prologue), its tile lists.
+ra_bwd_args backward_args(const ra_cuda_ws *ws, const ra_kernel_params *p, ra_attn_args f,
+                          const ra_shard *keys)
 {
     ra_bwd_args a{};
     a.f = f;
     const size_t n = (size_t)p->num_heads * (size_t)p->queries->rows;
     a.drow = ws->rows, a.pshift = ws->rows + n, a.pscale = ws->rows + 2 * n;
     a.dtype = p->dtype == RINGATTN_FLOAT32 ? 0 : p->dtype == RINGATTN_BFLOAT16 ? 1 : 2;
-    a.qseq_first = ws->qseq_first;
     a.bq = a.bk = p->keys_block;
+    if (keys) {
+        const ra_cuda_keys &k = ws->keys[keys - p->key_shards];
+        a.f.items = k.bwd_q.items, a.f.runs = k.bwd_q.runs;
+        a.kitems = k.bwd_k.items, a.kruns = k.bwd_k.runs;
+    }
     return a;
 }
 
@@ -228,13 +265,15 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
                                       const ra_fwd_io *io)
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
-    if (ws->tiles == 0) return RINGATTN_SUCCESS; // no local query
+    const ra_cuda_keys &keys = ws->keys[io->keys - p->key_shards];
+    if (keys.fwd.count == 0) return RINGATTN_SUCCESS; // no local query
     ra_attn_args a = step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn, io->lse);
     a.m = io->m, a.l = io->l, a.acc = io->acc;
     a.first = io->first, a.last = io->last;
     const cudaStream_t stream = ra__cuda_stream(io->stream);
     if (io->stats_only) {
-        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_stats(backward_args(ws, p, a), ws->tiles, stream),
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_stats(backward_args(ws, p, a, io->keys),
+                                                         keys.bwd_q.count, stream),
                     "backward stats launch");
         return RINGATTN_SUCCESS;
     }
@@ -246,8 +285,8 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
         a.m = ws->zstate, a.l = ws->zstate + zb * a.state_z;
     }
     a.o = io->o->data, a.o_row = io->o->row, a.o_head = io->o->head;
-    const int st = p->dtype == RINGATTN_FLOAT32 ? ra__cuda_forward_f32(a, ws->tiles, stream)
-                                                : ra__cuda_forward_tile(a, ws->tiles, stream);
+    const int st = p->dtype == RINGATTN_FLOAT32 ? ra__cuda_forward_f32(a, keys.fwd.count, stream)
+                                                : ra__cuda_forward_tile(a, keys.fwd.count, stream);
     RA_CUDA_TRY((cudaError_t)st, "forward kernel launch");
     return RINGATTN_SUCCESS;
 }
@@ -261,7 +300,7 @@ ringattn_status_t cuda_backward_prologue(struct ra_workspace *wsp, const ra_kern
     ra_attn_args f{};
     f.heads = p->num_heads, f.tq = (int)p->queries->rows, f.dv = p->head_dim_v;
     f.lse = const_cast<float *>(io->lse);
-    ra_bwd_args a = backward_args(ws, p, f);
+    ra_bwd_args a = backward_args(ws, p, f, nullptr);
     a.dout = io->dout->data, a.do_row = io->dout->row, a.do_head = io->dout->head;
     const int st = ra__cuda_backward_prologue(a, io->o->data, io->o->row, io->o->head, io->row_m,
                                               io->row_l, ra__cuda_stream(io->stream));
@@ -275,24 +314,23 @@ ringattn_status_t cuda_attend_backward(struct ra_workspace *wsp, const ra_kernel
                                        const ra_bwd_io *io)
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
-    const int s = (int)(io->keys - p->key_shards);
+    const ra_cuda_keys &keys = ws->keys[io->keys - p->key_shards];
     ra_bwd_args a = backward_args(ws, p, step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn,
-                                                   io->lse));
+                                                   io->lse), io->keys);
     a.dout = io->dout->data, a.do_row = io->dout->row, a.do_head = io->dout->head;
     a.dq = io->dq->data, a.dq_row = io->dq->row, a.dq_head = io->dq->head;
     a.dk = io->dk->data, a.dk_row = io->dk->row, a.dk_head = io->dk->head;
     a.dv = io->dv->data, a.dv_row = io->dv->row, a.dv_head = io->dv->head;
     a.dbias = io->dyn.dbias, a.accumulate = io->accumulate;
-    a.kwork = ws->keys[s].work;
     const cudaStream_t stream = ra__cuda_stream(io->stream);
     // kv heads per key-pass block: all of them when they share one bias head (H_b < H_kv), so
     // that a block owns the dBias rows of its key tile
     const int Hk = p->num_kv_heads, gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1;
-    if (ws->keys[s].tiles > 0)
-        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_keys(a, ws->keys[s].tiles, Hk / gb, stream),
+    if (keys.bwd_k.count > 0)
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_keys(a, keys.bwd_k.count, Hk / gb, stream),
                     "backward key pass launch");
-    if (ws->tiles > 0)
-        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_queries(a, ws->tiles, stream),
+    if (keys.bwd_q.count > 0)
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_queries(a, keys.bwd_q.count, stream),
                     "backward query pass launch");
     return RINGATTN_SUCCESS;
 }

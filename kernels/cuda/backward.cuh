@@ -1,8 +1,9 @@
 // The backward kernels (SPEC 7, DESIGN: CUDA: the backend): two deterministic passes, as on the
 // CPU, so that repeated runs are bitwise identical (SPEC 9) with no atomics: key pass:   one block
 // per (key tile, kv heads) sums dK, dV (and dBias, the column sums of dS) over every query head of
-// the GQA group and every query tile that sees it; query pass: one block per (64-row query tile,
-// head) sums dQ over the key tiles it sees; and a prologue of D_i = rowsum(dO * O) and P's shift
+// the GQA group and every query tile that sees it; query pass: one block per (query tile, head)
+// sums dQ over the key tiles it sees (both walk the runs of the backward's tile lists,
+// masks/tiles.h: key-major and query-major); and a prologue of D_i = rowsum(dO * O) and P's shift
 // and scale once per call (SPEC 9: LSE, or the recomputed max and 1 / sum of a row whose LSE is
 // lossy). Every output element has one owner thread that sums in a fixed order.
 //
@@ -130,9 +131,9 @@ __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, con
     }
 }
 
-// Key pass. Grid: (key tiles of the held shard, kv-head blocks); kv heads [g0, g0 + gb) with
-// gb = gridDim.y == 1 ? H_kv : 1 (a block covers every kv head sharing a bias head, so it owns
-// the dBias rows of its key tile).
+// Key pass. Grid: (the key-major list's key tiles, heaviest first; kv-head blocks); kv heads
+// [g0, g0 + gb) with gb = gridDim.y == 1 ? H_kv : 1 (a block covers every kv head sharing a
+// bias head, so it owns the dBias rows of its key tile).
 __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
@@ -142,10 +143,12 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
     const tiles s = carve(sm, t, d, dv);
     const int gb = gridDim.y == 1 ? a.f.kv_heads : 1, g0 = (int)blockIdx.y * gb;
     const int G = a.f.heads / a.f.kv_heads, per_bias = a.f.bias ? a.f.heads / a.f.bias_heads : 1;
-    const ra_segment kseg = a.f.ksegs[a.kwork[2 * blockIdx.x]];
-    const int k0 = a.kwork[2 * blockIdx.x + 1];
-    const int nk = (int)(kseg.span.count - k0 < t ? kseg.span.count - k0 : t);
-    const ra_span ks{kseg.span.seq, kseg.span.pos + k0 * kseg.span.stride, kseg.span.stride, nk};
+    const ra_tile_item item = a.kitems[blockIdx.x];
+    ra_span ks;
+    int64_t krow;
+    ra_fwd::item_tile(item, a.f.ksegs, t, &ks, &krow);
+    const ra_segment kseg = a.f.ksegs[item.seg];
+    const int k0 = item.first, nk = (int)ks.count;
     const int64_t delta = a.f.delta[ks.seq];
     const int qshift = ra_fwd::q_shift(a.f);
     const int tid = (int)threadIdx.x, per_row = THREADS / t, j_own = tid / per_row,
@@ -154,11 +157,12 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
     auto flush_dbias = [&]() {
         __syncthreads();
         if (hb_open >= 0 && a.dbias && part == 0 && j_own < nk)
-            store(a.dbias, (int64_t)hb_open * a.f.bias_ld + kseg.row + k0 + j_own, s.db[j_own], 0,
+            store(a.dbias, (int64_t)hb_open * a.f.bias_ld + krow + j_own, s.db[j_own], 0,
                   a.accumulate);
         if (part == 0) s.db[j_own] = 0.0f;
         __syncthreads();
     };
+    auto every = [](const ra_segment &, int, int) { return true; }; // top-k: below, per tile
     for (int g = g0; g < g0 + gb; ++g) {
         load_keys(a, s, g, kseg, k0, nk);
         for (int i = tid; i < t * (d + dv); i += THREADS) s.acc0[i] = 0.0f; // acc1 follows acc0
@@ -170,46 +174,40 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
             float kmax = -INFINITY;
             if (a.f.thr_b)
                 for (int j = 0; j < nk; ++j)
-                    kmax = fmaxf(kmax, a.f.bias[(int64_t)hb * a.f.bias_ld + kseg.row + k0 + j]);
-            for (int qi = a.qseq_first[ks.seq]; qi < a.qseq_first[ks.seq + 1]; ++qi) {
-                const ra_segment &qseg = a.f.qsegs[qi];
-                int64_t lo, hi;
-                ra__query_hull(a.f.window, delta, &ks, &qseg.span, &lo, &hi);
-                for (int64_t i0 = lo / a.bq * a.bq; i0 < hi; i0 += a.bq) {
-                    const int64_t left = qseg.span.count - i0;
-                    const ra_span qs{qseg.span.seq, qseg.span.pos + i0 * qseg.span.stride,
-                                     qseg.span.stride, left < a.bq ? left : a.bq};
-                    const float tmin = load_queries(a, s, rows, h, qs, qseg.row + i0, delta, qshift);
-                    if (a.f.thr_b && !ra__topk_block_kept(kmax, tmin)) continue; // SPEC 6
-                    const bool full = !a.f.thr_b && ra__spans_full(a.f.window, delta, &qs, &ks);
-                    pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, full, qshift);
-                    // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij
-                    for (int c = part; c < d + dv; c += per_row) {
-                        const bool is_v = c >= d;
-                        const ra_smem<float> w = is_v ? s.p : s.dz;
-                        const ra_smem<float> x = is_v ? s.dout + (c - d) : s.q + c;
-                        const int ld = is_v ? dv : d;
-                        float sum = 0.0f;
-                        for (int i = 0; i < (int)qs.count; ++i) { // a load per line (counters)
-                            const float wi = w[i * t + j_own];
-                            const float xi = x[i * ld];
-                            sum = ra_fma(wi, xi, sum);
-                        }
-                        if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
-                        else s.acc0[j_own * d + c] += a.f.scale * sum;
+                    kmax = fmaxf(kmax, a.f.bias[(int64_t)hb * a.f.bias_ld + krow + j]);
+            ra_fwd::for_each_run_tile(a.f, item, a.kruns, a.f.qsegs, a.bq, every,
+                                      [&](const ra_fwd::key_tile &qt) {
+                const ra_span qs = ra__segment_tile(&qt.seg, qt.k0, a.bq);
+                const float tmin = load_queries(a, s, rows, h, qs, qt.seg.row + qt.k0, delta,
+                                                qshift);
+                if (a.f.thr_b && !ra__topk_block_kept(kmax, tmin)) return; // SPEC 6
+                pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, qt.full, qshift);
+                // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij
+                for (int c = part; c < d + dv; c += per_row) {
+                    const bool is_v = c >= d;
+                    const ra_smem<float> w = is_v ? s.p : s.dz;
+                    const ra_smem<float> x = is_v ? s.dout + (c - d) : s.q + c;
+                    const int ld = is_v ? dv : d;
+                    float sum = 0.0f;
+                    for (int i = 0; i < (int)qs.count; ++i) { // a load per line (counters)
+                        const float wi = w[i * t + j_own];
+                        const float xi = x[i * ld];
+                        sum = ra_fma(wi, xi, sum);
                     }
-                    if (part == 0) {
-                        float sum = 0.0f;
-                        for (int i = 0; i < (int)qs.count; ++i) sum += s.ds[i * t + j_own];
-                        s.db[j_own] += sum;
-                    }
-                    __syncthreads(); // the next query tile overwrites the tiles
+                    if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
+                    else s.acc0[j_own * d + c] += a.f.scale * sum;
                 }
-            }
+                if (part == 0) {
+                    float sum = 0.0f;
+                    for (int i = 0; i < (int)qs.count; ++i) sum += s.ds[i * t + j_own];
+                    s.db[j_own] += sum;
+                }
+                __syncthreads(); // the next query tile overwrites the tiles
+            });
         }
         // this kv head's dK, dV rows of the key tile (zeros where no query sees a key)
         if (j_own < nk) {
-            const int64_t kr = kseg.row + k0 + j_own;
+            const int64_t kr = krow + j_own;
             for (int c = part; c < d; c += per_row)
                 store(a.dk, kr * a.dk_row + (int64_t)g * a.dk_head + c, s.acc0[j_own * d + c], a.dtype,
                       a.accumulate);
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
     flush_dbias();
 }
 
-// Query pass. Grid: (the work list's 64-row query tiles, heads); the tile in sub-tiles of bq rows.
+// Query pass. Grid: (the query-major list's query tiles of bq rows, heaviest first; heads).
 __global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
@@ -231,46 +229,41 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
     const int t = a.bq, d = a.f.d;
     const tiles s = carve(sm, t, d, a.f.dv);
     const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads);
-    ra_span tile;
-    int64_t first;
-    ra_fwd::query_tile(a.f, (int)blockIdx.x, 64, &tile, &first);
-    const int64_t delta = a.f.delta[tile.seq];
+    ra_span qs;
+    int64_t qr;
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, t, &qs, &qr);
+    const int64_t delta = a.f.delta[qs.seq];
     const int qshift = ra_fwd::q_shift(a.f);
     const int tid = (int)threadIdx.x, per_row = THREADS / t, i_own = tid / per_row,
               part = tid % per_row;
-    for (int64_t sub = 0; sub < tile.count; sub += t) {
-        const int64_t left = tile.count - sub;
-        const ra_span qs{tile.seq, tile.pos + sub * tile.stride, tile.stride, left < t ? left : t};
-        const int64_t qr = first + sub;
-        const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift);
-        for (int i = tid; i < t * d; i += THREADS) s.acc0[i] = 0.0f;
+    const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift);
+    for (int i = tid; i < t * d; i += THREADS) s.acc0[i] = 0.0f;
+    __syncthreads();
+    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
+                              [&](const ra_fwd::key_tile &kt) {
+        load_keys(a, s, g, kt.seg, kt.k0, kt.count);
         __syncthreads();
-        ra_fwd::for_each_key_tile(a.f, qs, delta, t, rows[0].rc.bias, tmin,
-                                  [&](const ra_fwd::key_tile &kt) {
-            load_keys(a, s, g, kt.seg, kt.k0, kt.count);
-            __syncthreads();
-            pair_tile(a, s, rows, (int)qs.count, kt.seg, kt.k0, kt.count, kt.full, qshift);
-            // dQ_i += scale sum_j dZ_ij k_j
-            for (int c = part; c < d; c += per_row) {
-                float sum = 0.0f;
-                for (int j = 0; j < kt.count; ++j) {
-                    const float dz = s.dz[i_own * t + j];
-                    const float kj = s.k[j * d + c];
-                    sum = ra_fma(dz, kj, sum);
-                }
-                s.acc0[i_own * d + c] += a.f.scale * sum;
+        pair_tile(a, s, rows, (int)qs.count, kt.seg, kt.k0, kt.count, kt.full, qshift);
+        // dQ_i += scale sum_j dZ_ij k_j
+        for (int c = part; c < d; c += per_row) {
+            float sum = 0.0f;
+            for (int j = 0; j < kt.count; ++j) {
+                const float dz = s.dz[i_own * t + j];
+                const float kj = s.k[j * d + c];
+                sum = ra_fma(dz, kj, sum);
             }
-            __syncthreads(); // the next key tile overwrites the tiles
-        });
-        if (i_own < (int)qs.count)
-            for (int c = part; c < d; c += per_row)
-                store(a.dq, (qr + i_own) * a.dq_row + (int64_t)h * a.dq_head + c,
-                      s.acc0[i_own * d + c], a.dtype, a.accumulate);
-        __syncthreads();
-    }
+            s.acc0[i_own * d + c] += a.f.scale * sum;
+        }
+        __syncthreads(); // the next key tile overwrites the tiles
+    });
+    if (i_own < (int)qs.count)
+        for (int c = part; c < d; c += per_row)
+            store(a.dq, (qr + i_own) * a.dq_row + (int64_t)h * a.dq_head + c,
+                  s.acc0[i_own * d + c], a.dtype, a.accumulate);
 }
 
-// SPEC 9 stats pass (backward_common.cuh). Grid: (the work list's query tiles, heads).
+// SPEC 9 stats pass (backward_common.cuh). Grid: (the query-major list's query tiles of bq
+// rows; heads).
 __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
@@ -280,32 +273,27 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
     const int t = a.bq;
     const tiles s = carve(sm, t, a.f.d, a.f.dv);
     const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads), tid = (int)threadIdx.x;
-    ra_span tile;
-    int64_t first;
-    ra_fwd::query_tile(a.f, (int)blockIdx.x, 64, &tile, &first);
-    const int64_t delta = a.f.delta[tile.seq];
+    ra_span qs;
+    int64_t qr;
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, t, &qs, &qr);
+    const int64_t delta = a.f.delta[qs.seq], at = (int64_t)h * a.f.tq + qr;
     const int qshift = ra_fwd::q_shift(a.f);
-    for (int64_t sub = 0; sub < tile.count; sub += t) {
-        const int64_t left = tile.count - sub, qr = first + sub, at = (int64_t)h * a.f.tq + qr;
-        const int n = (int)(left < t ? left : t);
-        if (!__syncthreads_or(tid < n && ra__lse_lossy(a.f.lse[at + tid]))) continue;
-        const ra_span qs{tile.seq, tile.pos + sub * tile.stride, tile.stride, n};
-        const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift, true);
-        if (tid < n) {
-            row_m[tid] = a.f.first ? -INFINITY : a.f.m[at + tid];
-            row_l[tid] = a.f.first ? 0.0f : a.f.l[at + tid];
-        }
-        ra_fwd::for_each_key_tile(a.f, qs, delta, t, rows[0].rc.bias, tmin,
-                                  [&](const ra_fwd::key_tile &kt) {
-            load_keys(a, s, g, kt.seg, kt.k0, kt.count);
-            __syncthreads();
-            logit_tile(a, s, rows, n, kt.seg, kt.k0, kt.count, kt.full, qshift);
-            if (tid < n) // SPEC 4's scalar update (no accumulator)
-                ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * a.bk),
-                                 kt.count, nullptr, 0);
-            __syncthreads(); // the next key tile overwrites the tiles
-        });
-        if (tid < n) a.f.m[at + tid] = row_m[tid], a.f.l[at + tid] = row_l[tid];
-        __syncthreads();
+    const int n = (int)qs.count;
+    if (!__syncthreads_or(tid < n && ra__lse_lossy(a.f.lse[at + tid]))) return;
+    const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift, true);
+    if (tid < n) {
+        row_m[tid] = a.f.first ? -INFINITY : a.f.m[at + tid];
+        row_l[tid] = a.f.first ? 0.0f : a.f.l[at + tid];
     }
+    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
+                              [&](const ra_fwd::key_tile &kt) {
+        load_keys(a, s, g, kt.seg, kt.k0, kt.count);
+        __syncthreads();
+        logit_tile(a, s, rows, n, kt.seg, kt.k0, kt.count, kt.full, qshift);
+        if (tid < n) // SPEC 4's scalar update (no accumulator)
+            ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * a.bk),
+                             kt.count, nullptr, 0);
+        __syncthreads(); // the next key tile overwrites the tiles
+    });
+    if (tid < n) a.f.m[at + tid] = row_m[tid], a.f.l[at + tid] = row_l[tid];
 }

@@ -18,8 +18,10 @@ struct ra_bwd_args {
     int dtype;               // 0 float32, 1 bfloat16, 2 float16 (storage)
     // the prologue's per-row values, [H, T_q] each: D_i, and P = exp(s - shift) * pscale
     float *drow, *pshift, *pscale;
-    const int32_t *kwork;    // key pass: (key segment, first index) of each key tile
-    const int32_t *qseq_first; // [num_seqs + 1]: the query segments of each sequence
+    // key pass: the held shard's key tiles against the query tiles they meet (masks/tiles.h,
+    // key-major; f.items, f.runs: the query pass's query-major list of the same tiles)
+    const ra_tile_item *kitems;
+    const ra_tile_run *kruns;
     int bq, bk;              // the tiles (ra__cuda_bwd_tile)
 };
 

@@ -16,12 +16,19 @@ extern "C" {
 #include "kernels/backend.h"
 }
 
-// One key shard's segments on the device, and the backward key pass's tiles of it.
+// A tile list (masks/tiles.h) on the device: its items heaviest first, and their runs.
+struct ra_cuda_tiles {
+    const ra_tile_item *items;
+    const ra_tile_run *runs;
+    int count; // items: the blocks of a launch
+};
+
+// One key shard's segments on the device, and the tile lists of the local queries against it:
+// the plan's (the forward's tiles), and the backward's query-major and key-major lists of its
+// own tiles (none in a forward-only plan).
 struct ra_cuda_keys {
     const ra_segment *segs;
-    const int32_t *seq_first; // [num_seqs + 1]
-    const int32_t *work;      // [2 * tiles]: (segment, first index) of each key tile
-    int tiles;
+    ra_cuda_tiles fwd, bwd_q, bwd_k;
 };
 
 struct ra_cuda_ws {
@@ -32,12 +39,9 @@ struct ra_cuda_ws {
     const int64_t *delta;     // [num_seqs]
     const float *alibi;       // [H] or NULL
     const ra_segment *qsegs;  // the local queries' segments
-    const int32_t *work;      // [2 * tiles]: (query segment, first index) of each query tile
-    int tiles;
     ra_cuda_keys *keys;       // host array [num_key_shards] of device arrays
     float *absmax;            // [4]: the call's scan (SPEC 9), max |Q| and |K| read by the
                               // kernels, then (a ring's backward) the lossy row count
-    const int32_t *qseq_first; // [num_seqs + 1] the query segments of each sequence
     float *rows;              // [3, H, local rows]: the backward prologue's D_i, shift, scale
     float *zstate;            // [2, D_v blocks, H, local rows]: a ring's (m, l) when D_v > 128
 };

@@ -1,7 +1,7 @@
 // What the forward kernels share (forward_tile.cuh: bf16/f16 on tensor cores; forward_f32.cuh:
 // float32 on FFMA): their arguments, the logit of SPEC 2, 3 and 6, the SPEC 9 scaling of Q, and
-// the walk over the query tile and the key tiles of the segment model (masks/shard.h, as the
-// CPU backend sees tokens).
+// the walk over a tile list's item (masks/tiles.h: the plan's classification, as the CPU
+// backend walks it) in the segment model (masks/shard.h).
 #pragma once
 
 #include <cfloat>
@@ -14,6 +14,7 @@ extern "C" {
 }
 #include "kernels/softmax_state.h"
 #include "masks/shard.h"
+#include "masks/tiles.h"
 
 // The attention kernels' arguments: the tensor-core and float32 forwards take them as they
 // are, the backward inside its own (ra_bwd_args.f).
@@ -25,10 +26,12 @@ struct ra_attn_args {
     int64_t o_row, o_head;
     float *lse;                // [H, T_q], written at the last step
     float *m, *l, *acc;        // the running state: [H, T_q], [H, T_q], [H, T_q, D_v]
-    // device memory: the query segments and the tiles to compute (segment, first index) pairs,
-    // the held key shard's segments and, per sequence, its first segment ([num_seqs + 1])
+    // device memory: the query segments, the held key shard's segments, and the step's tile
+    // list (masks/tiles.h) -- one block per item, heaviest first, each walking its runs: the
+    // forward's query tiles against the key tiles they meet (EMPTY tiles are not listed)
     const ra_segment *qsegs, *ksegs;
-    const int32_t *work, *kseq_first;
+    const ra_tile_item *items;
+    const ra_tile_run *runs;
     const int64_t *delta;      // [num_seqs] SPEC 2: L_k - L_q
     int tq, heads, kv_heads;   // tq: the local query rows (the state's and LSE's row count)
     // the head dims: d at most the kernel's D tile (zeros beyond); dv split over gridDim.z
@@ -149,56 +152,67 @@ template <int WARPS> __device__ __forceinline__ float block_min(float v)
     return m;
 }
 
-// The query tile of work item `item`: its span (positions within its sequence) and its first
-// local row.
+// The tile of a list item `it` of segments segs (a query tile in the forward): its span
+// (positions within its sequence) and its first local row.
+__device__ __forceinline__ void item_tile(const ra_tile_item &it, const ra_segment *segs,
+                                          int block, ra_span *tile, int64_t *first_row)
+{
+    const ra_segment seg = segs[it.seg];
+    *tile = ra__segment_tile(&seg, it.first, block);
+    *first_row = seg.row + it.first;
+}
+
+// The query tile of list item `item`.
 __device__ __forceinline__ void query_tile(const ra_attn_args &a, int item, int bq,
                                            ra_span *tile, int64_t *first_row)
 {
-    const ra_segment seg = a.qsegs[a.work[2 * item]];
-    const int t0 = a.work[2 * item + 1];
-    const int64_t left = seg.span.count - t0;
-    *tile = ra_span{seg.span.seq, seg.span.pos + t0 * seg.span.stride, seg.span.stride,
-                    left < bq ? left : bq};
-    *first_row = seg.row + t0;
+    item_tile(a.items[item], a.qsegs, bq, tile, first_row);
 }
 
-// One key tile of a key segment: [k0, k0 + bk) of its indices.
+// One tile of the other side of an item: [k0, k0 + count) of segment seg's indices.
 struct key_tile {
     const ra_segment &seg;
-    int k0, count; // count: keys inside the segment (<= bk)
+    int k0, count; // count: rows inside the segment (<= the block)
     bool full;     // every (row, key) pair of the tile is allowed and no selection applies
 };
 
-// body(tile) for every key tile of every key segment of the query tile's sequence that lies
-// inside the window's hull (masks/mask.h, shared with the CPU): the tiles outside are EMPTY
-// for every row of the tile and skipped exactly (an update by a fully masked tile rescales by
-// exp(0) = 1 and adds 0). With a top-k selection, a tile whose largest bias is below every
-// row's threshold is skipped too (tmin: block_min of the rows'; one thread per key, so the
-// block has at least bk threads).
-// brow: the head's key-bias row (with a selection). Every thread of the block calls it.
-template <class Body>
-__device__ __forceinline__ void for_each_key_tile(const ra_attn_args &a, const ra_span &qtile,
-                                                  int64_t delta, int bk, const float *brow,
-                                                  float tmin, Body body)
+// body(tile) for every tile of the other side's segments (segs, tiles of `block` rows) that a
+// list item `it` meets, in the list's order (masks/tiles.h: the plan classified them, EMPTY
+// ones are not listed). With a top-k selection (a.thr_b), a tile kept(seg, k0, n) denies is
+// skipped (a block-uniform answer: every thread calls it); FULL only for a whole tile without
+// a selection. Every thread of the block calls it.
+template <class Kept, class Body>
+__device__ __forceinline__ void for_each_run_tile(const ra_attn_args &a, const ra_tile_item &it,
+                                                  const ra_tile_run *runs,
+                                                  const ra_segment *segs, int block, Kept kept,
+                                                  Body body)
 {
-    for (int ks = a.kseq_first[qtile.seq]; ks < a.kseq_first[qtile.seq + 1]; ++ks) {
-        const ra_segment &kseg = a.ksegs[ks];
-        int64_t lo, hi;
-        ra__key_hull(a.window, delta, &qtile, &kseg.span, &lo, &hi);
-        for (int64_t k0 = lo / bk * bk; k0 < hi; k0 += bk) {
-            const int64_t left = kseg.span.count - k0;
-            const int n = left < bk ? (int)left : bk;
-            if (a.thr_b) {
-                const int j = (int)threadIdx.x;
-                const bool keeps = j < n && ra__topk_block_kept(brow[kseg.row + k0 + j], tmin);
-                if (!__syncthreads_or(keeps)) continue;
-            }
-            const ra_span kt{kseg.span.seq, kseg.span.pos + k0 * kseg.span.stride,
-                             kseg.span.stride, n};
-            const bool full = !a.thr_b && n == bk && ra__spans_full(a.window, delta, &qtile, &kt);
-            body(key_tile{kseg, (int)k0, n, full});
+    for (int r = it.run; r < it.run + it.runs; ++r) {
+        const ra_tile_run run = runs[r];
+        const ra_segment &seg = segs[run.seg];
+        for (int t = 0; t < run.tiles; ++t) {
+            const int k0 = run.first + t * block;
+            const int64_t left = seg.span.count - k0;
+            const int n = left < block ? (int)left : block;
+            if (a.thr_b && !kept(seg, k0, n)) continue;
+            const bool full = !a.thr_b && n == block && run.kind == RA_BLOCK_FULL;
+            body(key_tile{seg, k0, n, full});
         }
     }
+}
+
+// The forward's walk: the key tiles that query tile `item` meets, a tile no row's top-k
+// selection keeps skipped (tmin: block_min of the rows' thresholds; one thread per key, so the
+// block has at least bk threads; brow: the head's key-bias row).
+template <class Body>
+__device__ __forceinline__ void for_each_key_tile(const ra_attn_args &a, int item, int bk,
+                                                  const float *brow, float tmin, Body body)
+{
+    auto kept = [&](const ra_segment &kseg, int k0, int n) {
+        const int j = (int)threadIdx.x;
+        return __syncthreads_or(j < n && ra__topk_block_kept(brow[kseg.row + k0 + j], tmin)) != 0;
+    };
+    for_each_run_tile(a, a.items[item], a.runs, a.ksegs, bk, kept, body);
 }
 
 } // namespace ra_fwd

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
             if (c0 + c < dv) acc[c] = a.acc[at * a.dv + v0 + c0 + c];
     }
     const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
-    for_each_key_tile(a, qtile, rc.delta, BK, rc.bias, tmin, [&](const key_tile &kt) {
+    for_each_key_tile(a, (int)blockIdx.x, BK, rc.bias, tmin, [&](const key_tile &kt) {
         const ra_segment &kseg = kt.seg;
         const int k0 = kt.k0, lk = (int)kseg.span.count;
         load(sk, D, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, D, a.d);

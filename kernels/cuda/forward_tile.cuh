@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
     auto q_fragment = [&](int kk, uint32_t f[4]) {
         ra_ldmatrix_x4(false, f, sq + swz<D>(warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
     };
-    for_each_key_tile(a, qtile, delta, BK, rc[0].bias, tmin, [&](const key_tile &kt) {
+    for_each_key_tile(a, (int)blockIdx.x, BK, rc[0].bias, tmin, [&](const key_tile &kt) {
         const ra_segment &kseg = kt.seg;
         const int k0 = kt.k0, lk = (int)kseg.span.count;
         load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, a.d);

@@ -35,6 +35,12 @@ struct Shard {
     std::vector<ra_segment> segs;
     std::vector<int32_t> seq_first;
     int64_t rows = 0;
+    ra_shard sh{};
+    const ra_shard &view() // as masks/shard.h holds it
+    {
+        sh = ra_shard{(int)segs.size(), segs.data(), seq_first.data(), rows};
+        return sh;
+    }
 };
 
 Shard make_shard(ringattn_layout_t layout, int P, int r, const std::vector<int32_t> &cu)
@@ -92,17 +98,13 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
         delta.push_back((int64_t)(c.cuk()[s + 1] - c.cuk()[s]) - (c.cu_q[s + 1] - c.cu_q[s]));
     ra_emu::set_policy(policy, 9);
     for (int r = 0; r < P; ++r) {
-        const Shard qs = make_shard(layout, P, r, c.cu_q);
+        Shard qs = make_shard(layout, P, r, c.cu_q);
         const std::vector<unsigned char> q = gather_rows(pb.q, qs, c.cu_q);
-        std::vector<int32_t> work;
-        for (size_t i = 0; i < qs.segs.size(); ++i)
-            for (int64_t t0 = 0; t0 < qs.segs[i].span.count; t0 += 64)
-                work.push_back((int32_t)i), work.push_back((int32_t)t0);
         const int64_t rows = qs.rows;
         std::vector<unsigned char> o(((size_t)rows * H * DV + 1) * e, 0xff); // poisoned
         std::vector<float> lse((size_t)H * rows + 1, NAN), m(lse), l(lse), acc(lse.size() * DV, NAN);
         for (int step = 0; step < P; ++step) {
-            const Shard ks = make_shard(layout, P, (r - step + P) % P, c.cuk());
+            Shard ks = make_shard(layout, P, (r - step + P) % P, c.cuk());
             const std::vector<unsigned char> k = gather_rows(pb.k, ks, c.cuk()),
                                              v = gather_rows(pb.v, ks, c.cuk());
             // the key bias of this shard's rows, [H_b, rows] (SPEC 6)
@@ -112,25 +114,35 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
                     for (int64_t j = 0; j < g.span.count; ++j)
                         bias.push_back(pb.bias_buf[(size_t)hb * c.Tk() + c.cuk()[g.span.seq] +
                                                    g.span.pos + j * g.span.stride]);
+            // the tile list as a plan makes it (masks/tiles.h), its items heaviest first
+            const ra_window window{c.wl, c.eff_wr()};
+            const int bk = c.dtype == RINGATTN_FLOAT32 ? ra_fwd32::BK : ra__cuda_keys_per_tile(D, DV);
+            ra_tile_list list;
+            REQUIRE(ra__tile_list_make(window, delta.data(), &qs.view(), 1, 64, &ks.view(), bk,
+                                       &list) == RINGATTN_SUCCESS);
+            std::vector<ra_tile_item> items;
+            for (int32_t j = 0; j < list.num_items; ++j) items.push_back(list.items[list.order[j]]);
+            const std::vector<ra_tile_run> runs(list.runs, list.runs + list.num_runs);
+            ra__tile_list_free(&list);
             ra_attn_args a{};
             a.q = q.data(), a.k = k.data(), a.v = v.data();
             a.q_row = (int64_t)H * D, a.q_head = D, a.k_row = (int64_t)c.hkv() * D, a.k_head = D;
             a.v_row = (int64_t)c.hkv() * DV, a.v_head = DV;
             a.o = o.data(), a.o_row = (int64_t)H * DV, a.o_head = DV, a.lse = lse.data();
             a.m = m.data(), a.l = l.data(), a.acc = acc.data();
-            a.qsegs = qs.segs.data(), a.ksegs = ks.segs.data(), a.work = work.data();
-            a.kseq_first = ks.seq_first.data(), a.delta = delta.data();
+            a.qsegs = qs.segs.data(), a.ksegs = ks.segs.data(), a.delta = delta.data();
+            a.items = items.data(), a.runs = runs.data();
             a.tq = (int)rows, a.heads = H, a.kv_heads = c.hkv(), a.d = D, a.dv = DV;
-            a.window = ra_window{c.wl, c.eff_wr()};
+            a.window = window;
             a.scale = (float)c.eff_scale(), a.softcap = c.softcap;
             a.softcap_scale = c.softcap > 0 ? a.scale / c.softcap : 0.0f;
             a.alibi = slopes.empty() ? nullptr : slopes.data();
             a.bias = c.key_bias_heads ? bias.data() : nullptr;
             a.bias_ld = ks.rows, a.bias_heads = c.key_bias_heads;
             a.first = step == 0, a.last = step == P - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
-            if (work.empty()) continue;
+            if (items.empty()) continue;
             int st = 0;
-            const dim3 grid((unsigned)work.size() / 2, (unsigned)H);
+            const dim3 grid((unsigned)items.size(), (unsigned)H);
             if (c.dtype == RINGATTN_FLOAT32)
                 RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(ra_fwd32::THREADS), ra_fwd_f32_smem(D, DV),
                           nullptr, a);
