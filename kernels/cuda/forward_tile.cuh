@@ -73,9 +73,241 @@ __device__ __forceinline__ uint32_t split_p(bool bf16, float &x0, float &x1)
     return hi;
 }
 
+// A lane's place in its block: warp, lane, and the lane's quad coordinates of the mma
+// fragments (g: row within an 8-row group, t: column pair).
+struct lane_at {
+    int lane, warp, g, t;
+};
+
+__device__ __forceinline__ lane_at this_lane()
+{
+    const int lane = (int)threadIdx.x & 31;
+    return lane_at{lane, (int)threadIdx.x >> 5, lane >> 2, lane & 3};
+}
+
+// The query tile of a block and the D_v columns it owns: its span, first local row and rows,
+// its head and kv head, and its block over D_v (blockIdx.z, forward_common.cuh).
+template <int DV> struct block_at {
+    ra_span tile;
+    int64_t first_row, delta, zstate; // zstate: this D_v block's copy of (m, l)
+    int rows, h, hk, v0, dv;
+    bool owner;                       // writes LSE
+};
+
+template <int DV> __device__ __forceinline__ block_at<DV> this_block(const ra_attn_args &a)
+{
+    block_at<DV> b;
+    query_tile(a, (int)blockIdx.x, BQ, &b.tile, &b.first_row);
+    b.rows = (int)b.tile.count;
+    b.delta = a.delta[b.tile.seq];
+    b.h = (int)blockIdx.y, b.hk = b.h / (a.heads / a.kv_heads);
+    b.v0 = (int)blockIdx.z * DV, b.dv = a.dv - b.v0 < DV ? a.dv - b.v0 : DV;
+    b.owner = blockIdx.z == 0;
+    b.zstate = (int64_t)blockIdx.z * a.state_z;
+    return b;
+}
+
+// The running state of SPEC 4 of a lane's two rows (g, g + 8 of its warp's 16, within the
+// tile): their SPEC 2/3/6 context, max, sum and accumulator fragments.
+template <int DV> struct rows_state {
+    int rows[2];
+    row_ctx rc[2];
+    float m[2], l[2], acc[DV / 8][4];
+};
+
+// The rows' state: carried from the previous ring step (device memory), or fresh.
+template <int DV>
+__device__ __forceinline__ void load_state(const ra_attn_args &a, const block_at<DV> &b,
+                                           const lane_at &ln, int qshift, rows_state<DV> &st)
+{
+    st.rows[0] = ln.warp * 16 + ln.g, st.rows[1] = ln.warp * 16 + ln.g + 8;
+    RA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int row = st.rows[r];
+        const int64_t at = (int64_t)b.h * a.tq + b.first_row + row;
+        st.rc[r] = make_row(a, b.h, b.first_row + row, b.tile.pos + row * b.tile.stride, b.delta,
+                            row < b.rows, qshift);
+        const bool carried = st.rc[r].live && !a.first;
+        st.m[r] = carried ? a.m[at + b.zstate] : -INFINITY;
+        st.l[r] = carried ? a.l[at + b.zstate] : 0.0f;
+        RA_UNROLL
+        for (int n = 0; n < DV / 8; ++n)
+            RA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+                const int col = n * 8 + 2 * ln.t + c;
+                st.acc[n][2 * r + c] = carried && col < b.dv ? a.acc[at * a.dv + b.v0 + col] : 0.0f;
+            }
+    }
+}
+
+// The lane's A fragment of Q for k-step kk (16 columns) of its warp's 16 rows.
+template <int D>
+__device__ __forceinline__ void q_fragment(ra_smem<uint16_t> sq, const lane_at &ln, int kk,
+                                           uint32_t f[4])
+{
+    const int qm = ln.lane >> 3, qr = ln.lane & 7;
+    ra_ldmatrix_x4(false, f, sq + swz<D>(ln.warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
+}
+
+// S = Q K^T of the warp's 16 rows and the tile's BK keys (BK / 8 n-tiles of 8 keys), from Q's
+// fragments in registers (qf) or, with QREG false, in shared memory at each k-step.
+template <int D, int BK, bool QREG>
+__device__ __forceinline__ void scores(bool bf16, ra_smem<uint16_t> sq, ra_smem<uint16_t> sk,
+                                       const lane_at &ln, const uint32_t (*qf)[4],
+                                       float s[BK / 8][4])
+{
+    RA_UNROLL
+    for (int n = 0; n < BK / 8; ++n)
+        RA_UNROLL
+        for (int c = 0; c < 4; ++c) s[n][c] = 0.0f;
+    RA_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[4];
+        if (!QREG) q_fragment<D>(sq, ln, kk, qa);
+        const uint32_t *af = QREG ? qf[QREG ? kk : 0] : qa;
+        RA_UNROLL
+        for (int np = 0; np < BK / 16; ++np) {
+            uint32_t b[4];
+            const int bm = ln.lane >> 3, br = ln.lane & 7;
+            ra_ldmatrix_x4(false, b, sk + swz<D>(np * 16 + (bm >> 1) * 8 + br, kk * 16 + (bm & 1) * 8));
+            ra_mma_16816(bf16, s[2 * np], af, b, s[2 * np]);
+            ra_mma_16816(bf16, s[2 * np + 1], af, b + 2, s[2 * np + 1]);
+        }
+    }
+}
+
+// SPEC 3's mask and SPEC 4's guarded update of the lane's two rows by one key tile: S becomes
+// P = exp(s - m_new) in place (0 for a row with no allowed key yet, whose state is unchanged),
+// l and the accumulators rescaled. Row max and sum reduced over the quad (__shfl_xor 1, 2).
+template <int BK, int DV>
+__device__ __forceinline__ void softmax_update(const ra_attn_args &a, const key_tile &kt,
+                                               const lane_at &ln, rows_state<DV> &st,
+                                               float s[BK / 8][4])
+{
+    const ra_segment &kseg = kt.seg;
+    const int k0 = kt.k0, lk = (int)kseg.span.count;
+    RA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        float mb = -INFINITY;
+        RA_UNROLL
+        for (int n = 0; n < BK / 8; ++n)
+            RA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+                float &x = s[n][2 * r + c];
+                const int kj = k0 + n * 8 + 2 * ln.t + c;
+                const int64_t pj = kseg.span.pos + (int64_t)kj * kseg.span.stride;
+                x = kt.full ? logit<false>(a, st.rc[r], x, true, pj, kseg.row + kj)
+                            : logit<true>(a, st.rc[r], x, kj < lk, pj, kseg.row + kj);
+                mb = ra__max_nan(x, mb); // SPEC 9: a NaN row stays NaN
+            }
+        mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+        mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+        float alpha = 1.0f;
+        const int any = ra__state_rescale(&st.m[r], mb, &alpha);
+        float sum = 0.0f;
+        RA_UNROLL
+        for (int n = 0; n < BK / 8; ++n)
+            RA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+                float &x = s[n][2 * r + c];
+                x = any ? ra__prob(x, st.m[r]) : 0.0f;
+                sum += x;
+            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (!any) continue; // SPEC 4: no allowed key yet, nothing changes
+        st.l[r] = alpha * st.l[r] + sum;
+        RA_UNROLL
+        for (int n = 0; n < DV / 8; ++n)
+            RA_UNROLL
+            for (int c = 0; c < 2; ++c) st.acc[n][2 * r + c] *= alpha;
+    }
+}
+
+// acc += P V for keys [16 j, 16 j + 16) of the tile: P's A fragments pa, V as B through
+// ldmatrix.trans.
+template <int DV>
+__device__ __forceinline__ void pv_step(bool bf16, ra_smem<uint16_t> sv, const lane_at &ln,
+                                        int j, const uint32_t pa[4], float acc[DV / 8][4])
+{
+    RA_UNROLL
+    for (int dp = 0; dp < DV / 16; ++dp) {
+        uint32_t vb[4];
+        const int bm = ln.lane >> 3, br = ln.lane & 7;
+        ra_ldmatrix_x4(true, vb, sv + swz<DV>(j * 16 + (bm & 1) * 8 + br, dp * 16 + (bm >> 1) * 8));
+        ra_mma_16816(bf16, acc[2 * dp], pa, vb, acc[2 * dp]);
+        ra_mma_16816(bf16, acc[2 * dp + 1], pa, vb + 2, acc[2 * dp + 1]);
+    }
+}
+
+// acc += P V: P's accumulators are the A fragments. P in two 16-bit parts, the rounded P and
+// then what its rounding lost (split_p), so that O carries no rounding of P beyond a plain
+// float32 implementation's (SPEC 9: the backward's D_i = dO . O inherits O's error). One part's
+// fragments live at a time (V's fragments are loaded twice): the D_v = 128 tiles do not spill.
+template <int BK, int DV>
+__device__ __forceinline__ void accumulate_pv(bool bf16, ra_smem<uint16_t> sv, const lane_at &ln,
+                                              float s[BK / 8][4], float acc[DV / 8][4])
+{
+    RA_UNROLL
+    for (int j = 0; j < BK / 16; ++j) {
+        uint32_t pa[4];
+        RA_UNROLL
+        for (int f = 0; f < 4; ++f) // fragment f: n-tile 2j + f / 2, rows 2 (f % 2) + {0, 1}
+            pa[f] = split_p(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
+        pv_step<DV>(bf16, sv, ln, j, pa, acc);
+        RA_UNROLL
+        for (int f = 0; f < 4; ++f)
+            pa[f] = ra_pack_16x2(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
+        pv_step<DV>(bf16, sv, ln, j, pa, acc);
+    }
+}
+
+// The rows' state at the end of the step: kept for the next one (device memory), or finalised
+// (SPEC 4, softmax_state.h: an empty row gives O = 0 and LSE = -inf) into O and LSE.
+template <int DV>
+__device__ __forceinline__ void store_state(const ra_attn_args &a, const block_at<DV> &b,
+                                            const lane_at &ln, const rows_state<DV> &st)
+{
+    const bool bf16 = a.bf16 != 0;
+    RA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int row = st.rows[r];
+        if (row >= b.rows) continue;
+        const int64_t at = (int64_t)b.h * a.tq + b.first_row + row;
+        if (!a.last) {
+            if (ln.t == 0) a.m[at + b.zstate] = st.m[r], a.l[at + b.zstate] = st.l[r];
+            RA_UNROLL
+            for (int n = 0; n < DV / 8; ++n)
+                RA_UNROLL
+                for (int c = 0; c < 2; ++c) {
+                    const int col = n * 8 + 2 * ln.t + c;
+                    if (col < b.dv) a.acc[at * a.dv + b.v0 + col] = st.acc[n][2 * r + c];
+                }
+            continue;
+        }
+        const float inv = ra__state_out_scale(st.l[r]);
+        uint16_t *o = static_cast<uint16_t *>(a.o) + b.v0 + (b.first_row + row) * a.o_row +
+                      (int64_t)b.h * a.o_head;
+        RA_UNROLL
+        for (int n = 0; n < DV / 8; ++n) {
+            if (n * 8 >= b.dv) break; // dv is a multiple of 8
+            const uint32_t pair = ra_pack_16x2(bf16, st.acc[n][2 * r] * inv, st.acc[n][2 * r + 1] * inv);
+            ra_count_global_store(o + n * 8 + 2 * ln.t, 2);
+            o[n * 8 + 2 * ln.t] = (uint16_t)(pair & 0xffff);
+            ra_count_global_store(o + n * 8 + 2 * ln.t + 1, 2);
+            o[n * 8 + 2 * ln.t + 1] = (uint16_t)(pair >> 16);
+        }
+        if (ln.t == 0 && b.owner) {
+            ra_count_global_store(a.lse + at, 4);
+            a.lse[at] = ra__state_lse(st.m[r], st.l[r]);
+        }
+    }
+}
+
 } // namespace ra_fwd
 
-// Grid: (the work list's query tiles, heads); 128 threads.
+// Grid: (the tile list's query tiles, heads, blocks over D_v); 128 threads. Each key tile:
+// load K and V, S = Q K^T, mask and update, acc += P V; then the state kept or finalised.
 template <int D, int DV>
 __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
 {
@@ -84,51 +316,23 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
     static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
     constexpr int BK = ra__cuda_keys_per_tile(D, DV);
     const ra_smem<uint16_t> sq = sm, sk = sm + BQ * D, sv = sk + BK * D;
-    const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
-    ra_span qtile;
-    int64_t qb; // the tile's first local row
-    query_tile(a, (int)blockIdx.x, BQ, &qtile, &qb);
-    const int lq = (int)qtile.count; // this tile's query rows
+    const block_at<DV> b = this_block<DV>(a);
+    const lane_at ln = this_lane();
     const uint16_t *gq = static_cast<const uint16_t *>(a.q), *gk = static_cast<const uint16_t *>(a.k),
                    *gv = static_cast<const uint16_t *>(a.v);
-    const int64_t delta = a.delta[qtile.seq];
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile, forward_common.cuh)
-    const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
-    const bool owner = blockIdx.z == 0; // writes LSE
-    const int64_t zstate = (int64_t)blockIdx.z * a.state_z; // this D_v block's copy of (m, l)
     const bool bf16 = a.bf16 != 0;
     const int qshift = q_shift(a);
 
-    load_tile<D>(sq, gq + qb * a.q_row + h * a.q_head, a.q_row, 0, lq, BQ, a.d);
+    load_tile<D>(sq, gq + b.first_row * a.q_row + b.h * a.q_head, a.q_row, 0, b.rows, BQ, a.d);
     ra_cp_async_commit();
     if (qshift) { // uniform: the whole call's inputs decide it
         ra_cp_async_wait<0>();
         __syncthreads();
         shift_tile(sq, BQ * D, qshift);
     }
-
-    // this lane's two rows (g, g + 8 of its warp's 16, within the tile) and their state
-    const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
-    row_ctx rc[2];
-    float m[2], l[2], acc[DV / 8][4];
-    RA_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        const int64_t at = (int64_t)h * a.tq + qb + rows[r];
-        rc[r] = make_row(a, h, qb + rows[r], qtile.pos + rows[r] * qtile.stride, delta,
-                         rows[r] < lq, qshift);
-        const bool carried = rc[r].live && !a.first;
-        m[r] = carried ? a.m[at + zstate] : -INFINITY;
-        l[r] = carried ? a.l[at + zstate] : 0.0f;
-        RA_UNROLL
-        for (int n = 0; n < DV / 8; ++n)
-            RA_UNROLL
-            for (int c = 0; c < 2; ++c) {
-                const int col = n * 8 + 2 * t + c;
-                acc[n][2 * r + c] = carried && col < dv ? a.acc[at * a.dv + v0 + col] : 0.0f;
-            }
-    }
-    const float tmin = a.thr_b ? block_min<WARPS>(fminf(rc[0].tb, rc[1].tb)) : INFINITY;
+    rows_state<DV> st;
+    load_state<DV>(a, b, ln, qshift, st);
+    const float tmin = a.thr_b ? block_min<WARPS>(fminf(st.rc[0].tb, st.rc[1].tb)) : INFINITY;
 
     // Q's A fragments: in registers, loaded at the first key tile, while D + D_v <= 128; above,
     // they are read from shared memory at each k-step (Q stays there), so that the larger head
@@ -136,144 +340,28 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
     constexpr bool q_in_registers = D + DV <= 128;
     uint32_t qf[q_in_registers ? D / 16 : 1][4];
     bool q_loaded = false;
-    const int qm = lane >> 3, qr = lane & 7;
-    auto q_fragment = [&](int kk, uint32_t f[4]) {
-        ra_ldmatrix_x4(false, f, sq + swz<D>(warp * 16 + (qm & 1) * 8 + qr, kk * 16 + (qm >> 1) * 8));
-    };
-    for_each_key_tile(a, (int)blockIdx.x, BK, rc[0].bias, tmin, [&](const key_tile &kt) {
+    for_each_key_tile(a, (int)blockIdx.x, BK, st.rc[0].bias, tmin, [&](const key_tile &kt) {
         const ra_segment &kseg = kt.seg;
-        const int k0 = kt.k0, lk = (int)kseg.span.count;
-        load_tile<D>(sk, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, a.d);
-        load_tile<DV>(sv, gv + kseg.row * a.v_row + hk * a.v_head + v0, a.v_row, k0, lk, BK, dv);
+        const int lk = (int)kseg.span.count;
+        load_tile<D>(sk, gk + kseg.row * a.k_row + b.hk * a.k_head, a.k_row, kt.k0, lk, BK, a.d);
+        load_tile<DV>(sv, gv + kseg.row * a.v_row + b.hk * a.v_head + b.v0, a.v_row, kt.k0, lk, BK,
+                      b.dv);
         ra_cp_async_commit();
         ra_cp_async_wait<0>();
         __syncthreads();
         if (q_in_registers && !q_loaded) {
             q_loaded = true;
             RA_UNROLL
-            for (int kk = 0; kk < (q_in_registers ? D / 16 : 0); ++kk) q_fragment(kk, qf[kk]);
+            for (int kk = 0; kk < (q_in_registers ? D / 16 : 0); ++kk) q_fragment<D>(sq, ln, kk, qf[kk]);
         }
-        // S = Q K^T, 16 x 64 per warp: 8 n-tiles of 8 keys
-        float s[BK / 8][4];
-        RA_UNROLL
-        for (int n = 0; n < BK / 8; ++n)
-            RA_UNROLL
-            for (int c = 0; c < 4; ++c) s[n][c] = 0.0f;
-        RA_UNROLL
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t qa[4];
-            if (!q_in_registers) q_fragment(kk, qa);
-            const uint32_t *af = q_in_registers ? qf[q_in_registers ? kk : 0] : qa;
-            RA_UNROLL
-            for (int np = 0; np < BK / 16; ++np) {
-                uint32_t b[4];
-                const int bm = lane >> 3, br = lane & 7;
-                ra_ldmatrix_x4(false, b, sk + swz<D>(np * 16 + (bm >> 1) * 8 + br, kk * 16 + (bm & 1) * 8));
-                ra_mma_16816(bf16, s[2 * np], af, b, s[2 * np]);
-                ra_mma_16816(bf16, s[2 * np + 1], af, b + 2, s[2 * np + 1]);
-            }
-        }
-        // SPEC 3 mask and SPEC 4 guarded update, row by row
-        RA_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            float mb = -INFINITY;
-            RA_UNROLL
-            for (int n = 0; n < BK / 8; ++n)
-                RA_UNROLL
-                for (int c = 0; c < 2; ++c) {
-                    float &x = s[n][2 * r + c];
-                    const int kj = k0 + n * 8 + 2 * t + c;
-                    const int64_t pj = kseg.span.pos + (int64_t)kj * kseg.span.stride;
-                    x = kt.full ? logit<false>(a, rc[r], x, true, pj, kseg.row + kj)
-                                : logit<true>(a, rc[r], x, kj < lk, pj, kseg.row + kj);
-                    mb = ra__max_nan(x, mb); // SPEC 9: a NaN row stays NaN
-                }
-            mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-            mb = ra__max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-            float alpha = 1.0f;
-            const int any = ra__state_rescale(&m[r], mb, &alpha);
-            float sum = 0.0f;
-            RA_UNROLL
-            for (int n = 0; n < BK / 8; ++n)
-                RA_UNROLL
-                for (int c = 0; c < 2; ++c) {
-                    float &x = s[n][2 * r + c];
-                    x = any ? ra__prob(x, m[r]) : 0.0f;
-                    sum += x;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (!any) continue; // SPEC 4: no allowed key yet, nothing changes
-            l[r] = alpha * l[r] + sum;
-            RA_UNROLL
-            for (int n = 0; n < DV / 8; ++n)
-                RA_UNROLL
-                for (int c = 0; c < 2; ++c) acc[n][2 * r + c] *= alpha;
-        }
-        // acc += P V: P's accumulators are the A fragments, V through ldmatrix.trans. P in two
-        // 16-bit parts, the rounded P and then what its rounding lost (split_p), so that O
-        // carries no rounding of P beyond a plain float32 implementation's (SPEC 9: the
-        // backward's D_i = dO . O inherits O's error). One part's fragments live at a time
-        // (V's fragments are loaded twice): the D_v = 128 tiles do not spill.
-        auto pv = [&](int j, const uint32_t pa[4]) {
-            RA_UNROLL
-            for (int dp = 0; dp < DV / 16; ++dp) {
-                uint32_t vb[4];
-                const int bm = lane >> 3, br = lane & 7;
-                ra_ldmatrix_x4(true, vb, sv + swz<DV>(j * 16 + (bm & 1) * 8 + br, dp * 16 + (bm >> 1) * 8));
-                ra_mma_16816(bf16, acc[2 * dp], pa, vb, acc[2 * dp]);
-                ra_mma_16816(bf16, acc[2 * dp + 1], pa, vb + 2, acc[2 * dp + 1]);
-            }
-        };
-        RA_UNROLL
-        for (int j = 0; j < BK / 16; ++j) {
-            uint32_t pa[4];
-            RA_UNROLL
-            for (int f = 0; f < 4; ++f) // fragment f: n-tile 2j + f / 2, rows 2 (f % 2) + {0, 1}
-                pa[f] = split_p(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
-            pv(j, pa);
-            RA_UNROLL
-            for (int f = 0; f < 4; ++f)
-                pa[f] = ra_pack_16x2(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
-            pv(j, pa);
-        }
+        float s[BK / 8][4]; // the warp's 16 rows x BK keys
+        scores<D, BK, q_in_registers>(bf16, sq, sk, ln, qf, s);
+        softmax_update<BK, DV>(a, kt, ln, st, s);
+        accumulate_pv<BK, DV>(bf16, sv, ln, s, st.acc);
         __syncthreads(); // the next tiles overwrite sk and sv
     });
     ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight
-
-    RA_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        if (rows[r] >= lq) continue;
-        const int64_t at = (int64_t)h * a.tq + qb + rows[r];
-        if (!a.last) {
-            if (t == 0) a.m[at + zstate] = m[r], a.l[at + zstate] = l[r];
-            RA_UNROLL
-            for (int n = 0; n < DV / 8; ++n)
-                RA_UNROLL
-                for (int c = 0; c < 2; ++c) {
-                    const int col = n * 8 + 2 * t + c;
-                    if (col < dv) a.acc[at * a.dv + v0 + col] = acc[n][2 * r + c];
-                }
-            continue;
-        }
-        // SPEC 4 finalise (softmax_state.h): an empty row gives O = 0 and LSE = -inf
-        const float inv = ra__state_out_scale(l[r]);
-        uint16_t *o = static_cast<uint16_t *>(a.o) + v0 + (int64_t)(qb + rows[r]) * a.o_row +
-                      (int64_t)h * a.o_head;
-        RA_UNROLL
-        for (int n = 0; n < DV / 8; ++n) {
-            if (n * 8 >= dv) break; // dv is a multiple of 8
-            const uint32_t pair = ra_pack_16x2(bf16, acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
-            ra_count_global_store(o + n * 8 + 2 * t, 2);
-            o[n * 8 + 2 * t] = (uint16_t)(pair & 0xffff);
-            ra_count_global_store(o + n * 8 + 2 * t + 1, 2);
-            o[n * 8 + 2 * t + 1] = (uint16_t)(pair >> 16);
-        }
-        if (t == 0 && owner) {
-            ra_count_global_store(a.lse + at, 4);
-            a.lse[at] = ra__state_lse(m[r], l[r]);
-        }
-    }
+    store_state<DV>(a, b, ln, st);
 }
 
 // Shared memory of ra_fwd_tile_kernel<D, DV>: Q, K and V tiles.
