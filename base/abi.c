@@ -31,6 +31,25 @@ struct ra_plan_desc_v0_2 {
     int device;
 };
 
+/* 0.3 added the KV cache's fields (its layout, as 0.3's header declared it); 0.4 added
+   precision. */
+struct ra_plan_desc_v0_3 {
+    size_t struct_size;
+    int num_heads, num_kv_heads, head_dim, head_dim_v;
+    ringattn_dtype_t dtype;
+    ringattn_layout_t layout;
+    int num_seqs;
+    const int32_t *cu_seqlens, *cu_seqlens_k;
+    int causal, window_left, window_right;
+    float softmax_scale, softcap;
+    const float *alibi_slopes;
+    int key_bias_heads, keep_k, block_q, block_k, num_threads;
+    ringattn_backend_t backend;
+    int device;
+    int sharded_cache;
+    const int32_t *cache_bounds, *cu_seqlens_new;
+};
+
 struct ra_tensors_v0_2 {
     size_t struct_size;
     ringattn_tensor_t q, k, v, o;
@@ -57,6 +76,7 @@ typedef struct release {
 static const release desc_releases[] = {
     {sizeof(struct ra_plan_desc_v0_1), offsetof(ringattn_plan_desc_t, backend)},
     {sizeof(struct ra_plan_desc_v0_2), offsetof(ringattn_plan_desc_t, sharded_cache)},
+    {sizeof(struct ra_plan_desc_v0_3), offsetof(ringattn_plan_desc_t, precision)},
     {sizeof(ringattn_plan_desc_t), sizeof(ringattn_plan_desc_t)},
 };
 static const release tensors_releases[] = {
@@ -87,6 +107,12 @@ _Static_assert(sizeof(struct ra_plan_desc_v0_2) != sizeof(ringattn_plan_desc_t) 
                    sizeof(struct ra_plan_desc_v0_2) != sizeof(struct ra_plan_desc_v0_1) &&
                    sizeof(struct ra_tensors_v0_2) != sizeof(ringattn_tensors_t),
                "a size names one release");
+_Static_assert(offsetof(ringattn_plan_desc_t, precision) ==
+                       offsetof(struct ra_plan_desc_v0_3, cu_seqlens_new) + sizeof(void *) &&
+                   sizeof(struct ra_plan_desc_v0_3) != sizeof(ringattn_plan_desc_t) &&
+                   sizeof(struct ra_plan_desc_v0_3) != sizeof(struct ra_plan_desc_v0_2),
+               "0.3 descriptor fields are a prefix of the current descriptor, and its size one "
+               "release's");
 _Static_assert(sizeof(struct ra_plan_desc_v0_1) != sizeof(ringattn_plan_desc_t) &&
                    sizeof(struct ra_plan_info_v0_1) != sizeof(ringattn_plan_info_t),
                "a size names one release");

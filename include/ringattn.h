@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define RINGATTN_VERSION_MAJOR 0
-#define RINGATTN_VERSION_MINOR 3
+#define RINGATTN_VERSION_MINOR 4
 #define RINGATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
 #define RINGATTN_VERSION \
@@ -110,6 +110,17 @@ typedef enum ringattn_backend {
     RINGATTN_BACKEND_CUDA = 2
 } ringattn_backend_t;
 
+/* How a float16 / bfloat16 plan rounds the probabilities P and the logit gradients dS before
+   the products that read them (SPEC 9; float32 plans are not affected). DEFAULT rounds them to
+   the storage dtype as FlashAttention, cuDNN and PyTorch's SDPA do (error at most 2x such a
+   plain flash implementation's); HIGH keeps them at float32 precision (error at most 2x a
+   plain float32-arithmetic implementation's without that rounding), at up to twice the work of
+   those products where they run in 16 bits. */
+typedef enum ringattn_precision {
+    RINGATTN_PRECISION_DEFAULT = 0,
+    RINGATTN_PRECISION_HIGH = 1
+} ringattn_precision_t;
+
 typedef struct ringattn_comm *ringattn_comm_t; /* who is in the ring, how bytes move */
 typedef struct ringattn_plan *ringattn_plan_t; /* shapes, masks, schedule, workspace */
 
@@ -163,13 +174,15 @@ typedef struct ringattn_plan_desc {
                                     cached keys as if appended to them: sequence s has L_k =
                                     cached + new keys. In a sharded cache the last rank attends
                                     them (only its k_new, v_new are read) */
+    /* since 0.4 */
+    ringattn_precision_t precision; /* default DEFAULT (SPEC 9) */
 } ringattn_plan_desc_t;
 
 #define RINGATTN_PLAN_DESC_INIT                                                              \
     {                                                                                       \
         sizeof(ringattn_plan_desc_t), 0, 0, 0, 0, RINGATTN_FLOAT32, RINGATTN_LAYOUT_CONTIGUOUS, \
             0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1, \
-            0, NULL, NULL                                                                   \
+            0, NULL, NULL, RINGATTN_PRECISION_DEFAULT                                       \
     }
 
 /*

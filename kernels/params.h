@@ -27,6 +27,9 @@ typedef struct ra_kernel_params {
     const int64_t *delta; /* [num_seqs] SPEC 2 delta = L_k - L_q (bottom-right alignment) */
     /* logits and masks (SPEC 2, 3, 6) */
     float scale, softcap;
+    /* SPEC 9's level for the half dtypes: 0 (default) rounds P and dS to the storage dtype
+       before the products that read them, 1 (high) keeps their float32 precision */
+    int high_precision;
     const float *alibi;   /* [num_heads] or NULL */
     ra_window window;     /* causal folded in */
     int bias_heads;       /* H_b, 0 = no key bias */

@@ -152,6 +152,10 @@ static ringattn_status_t check_tuning(const ringattn_plan_desc_t *d)
              FN ": block_k: got %d, expected 0..1024 (0 = default)", d->block_k);
     RA_CHECK(d->num_threads >= 0 && d->num_threads <= 1024, RINGATTN_ERR_INVALID_ARGUMENT,
              FN ": num_threads: got %d, expected 0..1024 (0 = OpenMP default)", d->num_threads);
+    RA_CHECK(d->precision == RINGATTN_PRECISION_DEFAULT || d->precision == RINGATTN_PRECISION_HIGH,
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": precision: got %d, expected RINGATTN_PRECISION_DEFAULT (0) or _HIGH (1)",
+             (int)d->precision);
     return RINGATTN_SUCCESS;
 }
 

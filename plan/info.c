@@ -46,12 +46,13 @@ void ra__plan_log(const struct ringattn_plan *p)
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks, "ringattn %s, backend %s, %d rank(s), layout %s; cpu kernels: %s",
             RA_VERSION_STRING, p->be->name, p->ranks, layouts[p->layout], ra__cpu_kernels());
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
-            "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s, window "
-            "(%lld, %lld), scale %g, softcap %g, alibi %s",
+            "plan: %d seqs, %lld queries, %lld keys, heads %d/%d, dims %d/%d, %s (precision "
+            "%s), window (%lld, %lld), scale %g, softcap %g, alibi %s",
             k->num_seqs, (long long)k->queries->rows, (long long)ra__local_keys(p)->rows,
             k->num_heads, k->num_kv_heads, k->head_dim, k->head_dim_v, dtypes[k->dtype],
-            (long long)k->window.left, (long long)k->window.right, (double)k->scale,
-            (double)k->softcap, k->alibi ? "on" : "off");
+            k->high_precision ? "high" : "default", (long long)k->window.left,
+            (long long)k->window.right, (double)k->scale, (double)k->softcap,
+            k->alibi ? "on" : "off");
     ra__log(RA_LOG_INFO, RA_SUB_PLAN, p->rank, p->ranks,
             "tiles %d x %d, threads %d (0: OpenMP's default); memory %zu bytes: workspace %zu, "
             "ring buffers %zu, host %zu",

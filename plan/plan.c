@@ -131,6 +131,7 @@ static void params_fill(ra_kernel_params *k, const ringattn_plan_desc_t *d)
     k->window.right = d->causal ? 0 : d->window_right;
     k->scale = d->softmax_scale > 0.0f ? d->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
     k->softcap = d->softcap;
+    k->high_precision = d->precision == RINGATTN_PRECISION_HIGH;
     k->bias_heads = d->key_bias_heads;
     k->block_q = d->block_q;
     k->block_k = d->block_k;

@@ -280,17 +280,25 @@ static inline float ra__exp(float x)
 }
 
 /*
- * How a tile product may round its operands to bfloat16 (SPEC 9: at most 2x the error of a
- * plain implementation, which keeps P and dS in float32):
+ * How a tile product may round its operands to bfloat16 (SPEC 9):
  *   RA_F32:          not at all: float32 products (an operand that is not bfloat16-exact
  *                    and whose rounding SPEC 9 does not allow: scale * Q);
- *   RA_BF16:         operands bfloat16-exact (Q, K, V, dO as stored);
- *   RA_BF16_SPLIT_A: A in two bfloat16 parts, its high part and what that lost (P and dS:
- *                    rounded once, the tests' gradients came out at up to 1.41x the limit, in
- *                    dK through D_i = dO . O and O's error); twice the work of RA_BF16, as
- *                    much as a float32 product.
+ *   RA_BF16:         operands rounded to bfloat16: Q, K, V and dO (exact: bfloat16 in
+ *                    storage), and P and dS at the default precision level, which rounds them
+ *                    to the storage dtype as FlashAttention does;
+ *   RA_BF16_SPLIT_A: A in two bfloat16 parts, its high part and what that lost (P and dS at
+ *                    the high level, whose limit is 2x the error of a plain implementation
+ *                    keeping P and dS in float32: rounded once, the tests' gradients came out
+ *                    at up to 1.41x that limit, in dK through D_i = dO . O and O's error);
+ *                    twice the work of RA_BF16, as much as a float32 product.
  */
 typedef enum ra_rounding { RA_F32 = 0, RA_BF16 = 1, RA_BF16_SPLIT_A = 2 } ra_rounding;
+
+/* The rounding of P and dS in their products at the plan's precision level (SPEC 9). */
+static inline ra_rounding ra__p_rounding(const ra_kernel_params *p)
+{
+    return p->high_precision ? RA_BF16_SPLIT_A : RA_BF16;
+}
 
 /*
  * A tile product as cblas_sgemm computes it, row-major: C [M, N] = alpha op(A) op(B) + beta C,

@@ -99,7 +99,7 @@ static void forward_batch(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
     ra__batch_logits(p, w, h, qs, b, q, NULL, dyn);
     softmax_tile(w->s, (int)qs->count, b->n, w->m, w->l, w->acc, Dv);
     if (!io->stats_only)
-        ra__cpu_gemm(w, RA_BF16_SPLIT_A, 0, 0, (int)qs->count, Dv, b->n, 1.0f, w->s, b->n, w->vb,
+        ra__cpu_gemm(w, ra__p_rounding(p), 0, 0, (int)qs->count, Dv, b->n, 1.0f, w->s, b->n, w->vb,
                      Dv, 1.0f, w->acc, Dv);
 }
 
@@ -129,8 +129,8 @@ static void forward_qtile(const ra_kernel_params *p, const ra_fwd_io *io, ra_thr
         softmax_tile(w->s, nq, nk, w->m, w->l, w->acc, Dv);
         if (io->stats_only) continue;
         const float *v = ra__tile_load(io->v, p->dtype, pieces.krow, nk, g, Dv, w->v, &ldv);
-        /* P in two bfloat16 parts where the products are bfloat16 (ra_rounding) */
-        ra__cpu_gemm(w, RA_BF16_SPLIT_A, 0, 0, nq, Dv, nk, 1.0f, w->s, nk, v, ldv, 1.0f, w->acc,
+        /* P rounded to bfloat16 where the products are bfloat16, or in two parts (ra_rounding) */
+        ra__cpu_gemm(w, ra__p_rounding(p), 0, 0, nq, Dv, nk, 1.0f, w->s, nk, v, ldv, 1.0f, w->acc,
                      Dv);
     }
     state_end(p, io, w, h, qrow, nq);

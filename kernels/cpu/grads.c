@@ -40,7 +40,7 @@ static void pair_products(const ra_kernel_params *p, ra_thread_ws *w, const ra_q
                           float beta)
 {
     const int D = p->head_dim, Dv = p->head_dim_v;
-    const ra_rounding r = RA_BF16_SPLIT_A; /* P and dS: see ra_rounding */
+    const ra_rounding r = ra__p_rounding(p); /* P and dS: see ra_rounding */
     ra__cpu_gemm(w, r, 0, 0, nq, D, nk, p->scale, w->dp, nk, k, ldk, 1.0f, w->acc, D);
     ra__cpu_gemm(w, r, 1, 0, nk, Dv, nq, 1.0f, w->s, nk, qd->dout, qd->lddo, beta, dv, Dv);
     ra__cpu_gemm(w, r, 1, 0, nk, D, nq, p->scale, w->dp, nk, qd->q, qd->ldq, beta, dk, D);

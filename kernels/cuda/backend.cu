@@ -236,6 +236,7 @@ ra_attn_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra
     a.thr_b = dyn->thr_b, a.thr_p = dyn->thr_p;
     a.absmax = p->dtype == RINGATTN_FLOAT16 ? nullptr : ws->absmax;
     a.bf16 = p->dtype == RINGATTN_BFLOAT16;
+    a.split_p = p->high_precision;
     return a;
 }
 

@@ -56,6 +56,7 @@ struct ra_attn_args {
     // SPEC 9: max |Q| and max |K| of the call ([2], device), or NULL (float16: bounded)
     const float *absmax;
     int first, last, bf16;     // bf16: 16-bit storage is bfloat16, else float16 (tile kernel)
+    int split_p;               // SPEC 9's high level: P V with P in two 16-bit parts (tile kernel)
     // D_v above one tile (blockIdx.z blocks) over several steps: each block's (m, l) copy is
     // state_z elements after the previous one's, so no block reads a state another rewrites
     int64_t state_z;

@@ -240,21 +240,26 @@ __device__ __forceinline__ void pv_step(bool bf16, ra_smem<uint16_t> sv, const l
     }
 }
 
-// acc += P V: P's accumulators are the A fragments. P in two 16-bit parts, the rounded P and
-// then what its rounding lost (split_p), so that O carries no rounding of P beyond a plain
-// float32 implementation's (SPEC 9: the backward's D_i = dO . O inherits O's error). One part's
-// fragments live at a time (V's fragments are loaded twice): the D_v = 128 tiles do not spill.
+// acc += P V: P's accumulators are the A fragments, rounded to 16 bits (SPEC 9's default
+// level, as FlashAttention rounds them). At the high level (split) P goes in two 16-bit parts,
+// the rounded P and then what its rounding lost (split_p), so that O carries no rounding of P
+// beyond a plain float32 implementation's (SPEC 9: the backward's D_i = dO . O inherits O's
+// error). One part's fragments live at a time (V's fragments are loaded twice): the D_v = 128
+// tiles do not spill.
 template <int BK, int DV>
-__device__ __forceinline__ void accumulate_pv(bool bf16, ra_smem<uint16_t> sv, const lane_at &ln,
-                                              float s[BK / 8][4], float acc[DV / 8][4])
+__device__ __forceinline__ void accumulate_pv(bool bf16, bool split, ra_smem<uint16_t> sv,
+                                              const lane_at &ln, float s[BK / 8][4],
+                                              float acc[DV / 8][4])
 {
     RA_UNROLL
     for (int j = 0; j < BK / 16; ++j) {
         uint32_t pa[4];
-        RA_UNROLL
-        for (int f = 0; f < 4; ++f) // fragment f: n-tile 2j + f / 2, rows 2 (f % 2) + {0, 1}
-            pa[f] = split_p(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
-        pv_step<DV>(bf16, sv, ln, j, pa, acc);
+        if (split) {
+            RA_UNROLL
+            for (int f = 0; f < 4; ++f) // fragment f: n-tile 2j + f / 2, rows 2 (f % 2) + {0, 1}
+                pa[f] = split_p(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
+            pv_step<DV>(bf16, sv, ln, j, pa, acc);
+        }
         RA_UNROLL
         for (int f = 0; f < 4; ++f)
             pa[f] = ra_pack_16x2(bf16, s[2 * j + f / 2][2 * (f % 2)], s[2 * j + f / 2][2 * (f % 2) + 1]);
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_tile_kernel(ra_attn_args a)
         float s[BK / 8][4]; // the warp's 16 rows x BK keys
         scores<D, BK, q_in_registers>(bf16, sq, sk, ln, qf, s);
         softmax_update<BK, DV>(a, kt, ln, st, s);
-        accumulate_pv<BK, DV>(bf16, sv, ln, s, st.acc);
+        accumulate_pv<BK, DV>(bf16, a.split_p != 0, sv, ln, s, st.acc);
         __syncthreads(); // the next tiles overwrite sk and sv
     });
     ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight

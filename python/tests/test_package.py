@@ -56,6 +56,21 @@ def test_numpy_forward_backward_and_plan_info():
     assert info["ranks"] == 1 and info["local_tokens"] == 44 and info["memory_bytes"] > 0
 
 
+def test_precision_levels():
+    # SPEC 9's two levels for the half dtypes; anything else is refused before the C call
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((40, 2, 16)).astype(np.float16) for _ in range(3))
+    outs = []
+    for level in ("default", "high"):
+        plan = ringattn.Plan([0, 40], 2, 16, dtype="float16", causal=True, precision=level)
+        out, lse = plan.forward(q, k, v)
+        assert np.isfinite(out.astype(np.float32)).all() and np.isfinite(lse).all()
+        outs.append(out.astype(np.float32))
+    assert np.allclose(outs[0], outs[1], atol=2e-3)
+    with pytest.raises(ringattn.InvalidArgumentError, match="precision"):
+        ringattn.Plan([0, 40], 2, 16, dtype="float16", precision="exact")
+
+
 def test_strided_views_are_read_in_place():
     rng = np.random.default_rng(1)
     qkv = rng.standard_normal((20, 3, 2, 8), dtype=np.float32)  # a fused QKV projection

@@ -69,13 +69,16 @@ TEST_CASE("CUDA: every dtype with every mask on ragged batches with empty sequen
 {
     uint64_t seed = seed_for("cuda masks", 0);
     for (ringattn_dtype_t dt : all_dtypes)
-        for (const Mask &m : masks) {
-            std::mt19937_64 rng(++seed);
-            AttnConfig c = base(dt, cu_from_lengths({70, 0, 1, 130}), 4, 2);
-            apply(c, m);
-            set_random_keys(c, {70, 0, 1, 130}, rng);
-            CHECK(check_case(c, Storage::Packed, seed));
-        }
+        for (const Mask &m : masks)
+            for (ringattn_precision_t level : {RINGATTN_PRECISION_DEFAULT, RINGATTN_PRECISION_HIGH}) {
+                if (dt == RINGATTN_FLOAT32 && level == RINGATTN_PRECISION_HIGH) continue; // the same
+                std::mt19937_64 rng(++seed);
+                AttnConfig c = base(dt, cu_from_lengths({70, 0, 1, 130}), 4, 2);
+                apply(c, m);
+                c.precision = level; // SPEC 9: each level against its own plain reference
+                set_random_keys(c, {70, 0, 1, 130}, rng);
+                CHECK(check_case(c, Storage::Packed, seed));
+            }
 }
 
 TEST_CASE("CUDA: random shapes, GQA ratios, logit options and storage", "[cuda]")

@@ -27,6 +27,7 @@ std::string AttnConfig::describe() const
       << " block=(" << block_q << "," << block_k << ") threads=" << num_threads;
     if (key_bias_heads != 0 || keep_k != 0)
         s << " bias_heads=" << key_bias_heads << " keep_k=" << keep_k;
+    if (precision == RINGATTN_PRECISION_HIGH) s << " precision=high";
     return s.str();
 }
 
@@ -115,9 +116,21 @@ std::vector<R> to_vec(const Dense &d)
     return std::vector<R>(d.v.begin(), d.v.end());
 }
 
+// x rounded to the storage dtype where round_p (SPEC 9's flash rounding of P and dS).
+template <class R> R flash_round(const AttnConfig &cfg, bool round_p, R x)
+{
+    return round_p ? (R)round_to_dtype((double)x, cfg.dtype) : x;
+}
+
+// The plain implementation rounds P and dS at the default level (oracle.hpp).
+bool rounds_p(const AttnConfig &cfg)
+{
+    return cfg.dtype != RINGATTN_FLOAT32 && cfg.precision == RINGATTN_PRECISION_DEFAULT;
+}
+
 template <class R>
 FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, const Dense &Vd,
-                   const KeyFilter *keys, bool round_out)
+                   const KeyFilter *keys, bool round_out, bool round_p = false)
 {
     const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv(), G = H / Hkv;
     const int64_t Tq = cfg.Tq();
@@ -169,9 +182,10 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                     if (!keep[(size_t)(pj - lo)]) continue;
                     const R pr = std::exp(s[(size_t)(pj - lo)] - m);
                     l += pr;
+                    const R pv = flash_round(cfg, round_p, pr);
                     const R *v = &V[(size_t)((j * Hkv + hk) * Dv)];
                     for (int c = 0; c < Dv; ++c) {
-                        acc[(size_t)c] += pr * v[c];
+                        acc[(size_t)c] += pv * v[c];
                         mag[(size_t)c] += pr * std::fabs(v[c]);
                     }
                 }
@@ -190,7 +204,7 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
 template <class R>
 BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, const Dense &Vd,
                    const Dense &Od, const std::vector<double> &lse_d, const Dense &dOd,
-                   bool round_out, bool magnitude = false)
+                   bool round_out, bool magnitude = false, bool round_p = false)
 {
     const int H = cfg.H, Hkv = cfg.hkv(), D = cfg.D, Dv = cfg.dv(), G = H / Hkv;
     const int64_t Tq = cfg.Tq(), Tk = cfg.Tk();
@@ -268,8 +282,9 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                         }
                         continue;
                     }
+                    const R Pv = flash_round(cfg, round_p, P);
                     for (int c = 0; c < Dv; ++c) {
-                        dV[vi + c] += P * dO[oi + c];
+                        dV[vi + c] += Pv * dO[oi + c];
                         dP += dO[oi + c] * V[vi + c];
                     }
                     const R dS = P * (dP - Di);
@@ -279,6 +294,7 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                         const R t = std::tanh(zr / (R)cfg.softcap);
                         dZ = dS * (1 - t * t);
                     }
+                    dZ = flash_round(cfg, round_p, dZ);
                     for (int c = 0; c < D; ++c) {
                         dQ[qi + c] += scale * dZ * K[ki + c];
                         dK[ki + c] += scale * dZ * Q[qi + c];
@@ -348,14 +364,14 @@ BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const
 
 FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V)
 {
-    FwdResult r = fwd_impl<float>(cfg, Q, K, V, nullptr, true);
+    FwdResult r = fwd_impl<float>(cfg, Q, K, V, nullptr, true, rounds_p(cfg));
     return r; // LSE already a float32 value held in double
 }
 
 BwdResult plain_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                          const Dense &O, const std::vector<double> &lse, const Dense &dO)
 {
-    return bwd_impl<float>(cfg, Q, K, V, O, lse, dO, true);
+    return bwd_impl<float>(cfg, Q, K, V, O, lse, dO, true, false, rounds_p(cfg));
 }
 
 double max_rel_err(const Dense &got, const Dense &ref)

@@ -35,6 +35,9 @@ struct AttnConfig {
     // as float32 (Problem rounds them first, so the oracle sees exactly what the library sees).
     int key_bias_heads = 0, keep_k = 0;
     std::vector<double> bias;
+    // SPEC 9's level for the half dtypes: the default judges against a plain flash
+    // implementation (P and dS rounded to the storage dtype), HIGH against a plain one
+    ringattn_precision_t precision = RINGATTN_PRECISION_DEFAULT;
 
     int hkv() const { return Hkv ? Hkv : H; }
     int dv() const { return Dv ? Dv : D; }
@@ -88,7 +91,10 @@ BwdResult oracle_backward_magnitude(const AttnConfig &cfg, const Dense &Q, const
 // The plain same-precision implementation of SPEC 9: dense softmax over the stored (already
 // rounded) inputs with float32 arithmetic and accumulation; O, dQ, dK, dV rounded to cfg.dtype at
 // the end, LSE kept in float32, dBias float32 (its storage type in every dtype). Its backward uses
-// its own rounded O and float32 LSE.
+// its own rounded O and float32 LSE. At cfg.precision DEFAULT it is the plain *flash*
+// implementation: as FlashAttention, P (exp(s - m) in the forward, normalised by the float32 row
+// sum after the product; exp(s - LSE) in the backward) and dS (after the softcap's derivative)
+// are rounded to cfg.dtype before the products that read them.
 FwdResult plain_forward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V);
 BwdResult plain_backward(const AttnConfig &cfg, const Dense &Q, const Dense &K, const Dense &V,
                          const Dense &O, const std::vector<double> &lse, const Dense &dO);

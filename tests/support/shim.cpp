@@ -34,6 +34,7 @@ ringattn_plan_desc_t make_desc(const AttnConfig &cfg)
     d.key_bias_heads = cfg.key_bias_heads;
     d.keep_k = cfg.keep_k;
     d.num_threads = cfg.num_threads;
+    d.precision = cfg.precision;
     d.backend = test_backend();
     if (d.backend == RINGATTN_BACKEND_CPU || cfg.cpu_tiles_everywhere) {
         d.block_q = cfg.block_q;

@@ -3,8 +3,10 @@
 // -- goes through here, so they all use the same norms and limits:
 //   float32:  O and LSE within 1e-5 max(1, S/16), gradients within 1e-4 max(1, S/16), where S is
 //             the largest |logit| of the problem (float32 rounding of the logits costs ulp(S));
-//   float16 / bfloat16: at most 2x the error of the plain same-precision implementation, and
-//             never below the float32 limit.
+//   float16 / bfloat16: at most 2x the error of the plain same-precision implementation (at
+//             the default level a plain *flash* one, rounding P and dS to the storage dtype;
+//             cfg.precision HIGH: without that rounding; oracle.hpp), and never below the
+//             float32 limit.
 #pragma once
 
 #include <string>

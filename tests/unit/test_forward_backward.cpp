@@ -68,6 +68,7 @@ TEST_CASE("random shapes, masks and options, float16 and bfloat16", "[fwd][bwd][
     for (int it = 0; it < 60; ++it) {
         std::mt19937_64 rng(seed_for("fb-random-half", (uint64_t)it));
         AttnConfig c = random_config(rng, it % 2 ? RINGATTN_BFLOAT16 : RINGATTN_FLOAT16, 100);
+        if (it % 4 >= 2) c.precision = RINGATTN_PRECISION_HIGH; // both levels of SPEC 9
         run_case(c, random_storage(rng, c), rng, c.softcap > 0 ? 2.5 : 1.0);
     }
 }
@@ -109,10 +110,35 @@ TEST_CASE("every dtype with every mask, softcap on and off", "[fwd][bwd][half]")
                 c.cu_k = cu_from_lengths(lk);
                 set_mask(c, m, rng);
                 if (cap) c.softcap = 5.0f;
+                if (idx % 4 >= 2) c.precision = RINGATTN_PRECISION_HIGH;
                 c.block_q = 32;
                 c.block_k = 64;
                 run_case(c, Storage::Packed, rng, cap ? 3.0 : 1.0);
             }
+}
+
+TEST_CASE("SPEC 9's two precision levels on the same problems", "[fwd][bwd][half][precision]")
+{
+    // Each level judged against its own plain reference: the default one against a flash
+    // implementation that rounds P and dS to the storage dtype, HIGH against one that keeps them
+    // in float32 (a tighter limit, which rounding P or dS once would exceed).
+    int idx = 0;
+    for (ringattn_dtype_t dt : {RINGATTN_BFLOAT16, RINGATTN_FLOAT16})
+        for (MaskKind m : {MaskKind::None, MaskKind::Causal, MaskKind::Window}) {
+            const uint64_t seed = seed_for("fb-precision", (uint64_t)idx++);
+            for (ringattn_precision_t level : {RINGATTN_PRECISION_DEFAULT, RINGATTN_PRECISION_HIGH}) {
+                std::mt19937_64 rng(seed);
+                AttnConfig c;
+                c.dtype = dt;
+                c.H = 4;
+                c.Hkv = 2;
+                c.D = 64;
+                c.cu_q = cu_from_lengths({sized(300, 140), 0, sized(170, 90)});
+                set_mask(c, m, rng);
+                c.precision = level;
+                run_case(c, Storage::Packed, rng);
+            }
+        }
 }
 
 TEST_CASE("two-sided windows, causal + window and windows at and beyond the length", "[fwd][bwd][mask]")

@@ -3,6 +3,8 @@
 // byte for byte with a copy).
 #include <catch2/catch.hpp>
 
+#include <cstddef>
+
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -94,6 +96,8 @@ TEST_CASE("plan_create rejects bad descriptors with their specific status", "[va
         {"block_q negative", IA, [](auto &d, auto &, auto &) { d.block_q = -1; }},
         {"block_k negative", IA, [](auto &d, auto &, auto &) { d.block_k = -16; }},
         {"num_threads negative", IA, [](auto &d, auto &, auto &) { d.num_threads = -1; }},
+        {"precision 2", IA, [](auto &d, auto &, auto &) { d.precision = (ringattn_precision_t)2; }},
+        {"precision negative", IA, [](auto &d, auto &, auto &) { d.precision = (ringattn_precision_t)-1; }},
         {"backend 3", IA, [](auto &d, auto &, auto &) { d.backend = (ringattn_backend_t)3; }},
         {"device -2", IA, [](auto &d, auto &, auto &) { d.device = -2; }},
         {"device 1 on the CPU", IA, [](auto &d, auto &, auto &) { d.backend = RINGATTN_BACKEND_CPU, d.device = 1; }},
@@ -142,6 +146,24 @@ TEST_CASE("plan_create: a backend this build lacks names what it lacks", "[valid
         CHECK(info.device == -1);
         ringattn_plan_destroy(p);
     }
+}
+
+TEST_CASE("plan_create: a 0.3-sized descriptor has no precision field", "[validation][abi]")
+{
+    // 0.4 appended `precision`: a caller built against 0.3 passes 0.3's struct_size, and
+    // whatever lies past it (here an invalid level) is not read: the default applies
+    Base b;
+    ringattn_plan_desc_t d = make_desc(b.cfg);
+    d.precision = (ringattn_precision_t)7;
+    ringattn_plan_t p = nullptr;
+    CHECK(ringattn_plan_create(nullptr, &d, &p) == RINGATTN_ERR_INVALID_ARGUMENT);
+    CHECK(mentions("precision"));
+    const size_t v0_3 = (offsetof(ringattn_plan_desc_t, precision) + alignof(ringattn_plan_desc_t) - 1) /
+                        alignof(ringattn_plan_desc_t) * alignof(ringattn_plan_desc_t);
+    REQUIRE(v0_3 < sizeof d);
+    d.struct_size = v0_3;
+    REQUIRE(ringattn_plan_create(nullptr, &d, &p) == RINGATTN_SUCCESS);
+    ringattn_plan_destroy(p);
 }
 
 TEST_CASE("plan_create: NULL pointers and a communicator that was never created", "[validation]")

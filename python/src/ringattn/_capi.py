@@ -59,6 +59,9 @@ class Tensor(ctypes.Structure):
                 ("head_stride", ctypes.c_int64)]
 
 
+PRECISIONS = {"default": 0, "high": 1}  # ringattn_precision_t
+
+
 class PlanDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("num_heads", ctypes.c_int),
                 ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int),
@@ -70,7 +73,10 @@ class PlanDesc(ctypes.Structure):
                 ("alibi_slopes", ctypes.POINTER(ctypes.c_float)),
                 ("key_bias_heads", ctypes.c_int), ("keep_k", ctypes.c_int),
                 ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
-                ("num_threads", ctypes.c_int), ("backend", ctypes.c_int), ("device", ctypes.c_int)]
+                ("num_threads", ctypes.c_int), ("backend", ctypes.c_int), ("device", ctypes.c_int),
+                # since 0.3 (the KV cache's; not used here), since 0.4 (SPEC 9's level)
+                ("sharded_cache", ctypes.c_int), ("cache_bounds", ctypes.POINTER(ctypes.c_int32)),
+                ("cu_seqlens_new", ctypes.POINTER(ctypes.c_int32)), ("precision", ctypes.c_int)]
 
     def __init__(self, **fields):
         # RINGATTN_PLAN_DESC_INIT's defaults

@@ -125,11 +125,13 @@ class Plan(_Handle):
                  dtype="float32", layout="contiguous", cu_seqlens_k=None, causal=False,
                  window=None, scale=0.0, softcap=0.0, alibi_slopes=None, key_bias_heads=0,
                  keep_k=0, block_q=0, block_k=0, num_threads=0, backend="cpu", device=-1,
-                 comm=None):
-        if dtype not in DTYPES or layout not in C.LAYOUTS or backend not in BACKENDS:
+                 precision="default", comm=None):
+        if (dtype not in DTYPES or layout not in C.LAYOUTS or backend not in BACKENDS or
+                precision not in C.PRECISIONS):
             raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: dtype must be one of %s, "
-                                         "layout one of %s, backend one of %s" %
-                                         (sorted(DTYPES), sorted(C.LAYOUTS), sorted(BACKENDS)))
+                                         "layout one of %s, backend one of %s, precision one "
+                                         "of %s" % (sorted(DTYPES), sorted(C.LAYOUTS),
+                                                    sorted(BACKENDS), sorted(C.PRECISIONS)))
         self.cu_seqlens = _int32_array(cu_seqlens, "cu_seqlens")
         self.cu_seqlens_k = (None if cu_seqlens_k is None
                              else _int32_array(cu_seqlens_k, "cu_seqlens_k"))
@@ -150,7 +152,7 @@ class Plan(_Handle):
             softmax_scale=float(scale), softcap=float(softcap),
             key_bias_heads=self.key_bias_heads, keep_k=int(keep_k), block_q=int(block_q),
             block_k=int(block_k), num_threads=int(num_threads), backend=BACKENDS[backend],
-            device=int(device))
+            device=int(device), precision=C.PRECISIONS[precision])
         if self.cu_seqlens_k is not None:
             desc.cu_seqlens_k = self.cu_seqlens_k.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         if slopes is not None:
