@@ -12,8 +12,6 @@
 
 namespace {
 
-constexpr int QUERY_TILE = 64; // rows of the forward kernels' query tile (both kernels)
-
 // What the kernels cannot do (SPEC 1 shapes they have no instantiation for) is refused
 // with a message: nothing falls back to the CPU.
 ringattn_status_t cuda_prepare(ra_kernel_params *p)
@@ -34,15 +32,15 @@ ringattn_status_t cuda_prepare(ra_kernel_params *p)
              RINGATTN_ERR_UNSUPPORTED,
              FN ": head_dim_v: got %d, expected a multiple of %d up to 256 on the CUDA backend",
              p->head_dim_v, unit);
-    RA_CHECK((p->block_q == 0 || p->block_q == QUERY_TILE) && p->block_k == 0,
-             RINGATTN_ERR_UNSUPPORTED,
+    // the forward kernels' tiles: the float32 kernel's, or the tensor-core kernel's per D
+    const int d_tile = ra__cuda_dim_tile(p->head_dim);
+    const int bq = f32 ? ra_fwd32::BQ : ra__cuda_query_tile(d_tile, ra__cuda_full_features(p));
+    RA_CHECK((p->block_q == 0 || p->block_q == bq) && p->block_k == 0, RINGATTN_ERR_UNSUPPORTED,
              FN ": block_q/block_k: got %d/%d, expected 0/0 (or %d/0) on the CUDA backend, "
                 "whose tiles are fixed by its kernels",
-             p->block_q, p->block_k, QUERY_TILE);
-    p->block_q = QUERY_TILE;
-    p->block_k = f32 ? 16
-                     : ra__cuda_keys_per_tile(ra__cuda_dim_tile(p->head_dim),
-                                              ra__cuda_dim_v_tile(p->head_dim_v));
+             p->block_q, p->block_k, bq);
+    p->block_q = bq;
+    p->block_k = f32 ? ra_fwd32::BK : ra__cuda_keys_per_tile(d_tile);
     p->keys_block = ra__cuda_bwd_tile(p->head_dim, p->head_dim_v);
     return RINGATTN_SUCCESS;
 }
@@ -237,6 +235,7 @@ ra_attn_args step_args(const ra_cuda_ws *ws, const ra_kernel_params *p, const ra
     a.absmax = p->dtype == RINGATTN_FLOAT16 ? nullptr : ws->absmax;
     a.bf16 = p->dtype == RINGATTN_BFLOAT16;
     a.split_p = p->high_precision;
+    a.full_features = ra__cuda_full_features(p);
     return a;
 }
 

@@ -177,8 +177,9 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
                     kmax = fmaxf(kmax, a.f.bias[(int64_t)hb * a.f.bias_ld + krow + j]);
             ra_fwd::for_each_run_tile(a.f, item, a.kruns, a.f.qsegs, a.bq, every,
                                       [&](const ra_fwd::key_tile &qt) {
-                const ra_span qs = ra__segment_tile(&qt.seg, qt.k0, a.bq);
-                const float tmin = load_queries(a, s, rows, h, qs, qt.seg.row + qt.k0, delta,
+                const ra_segment qseg = a.f.qsegs[qt.seg];
+                const ra_span qs = ra__segment_tile(&qseg, qt.k0, a.bq);
+                const float tmin = load_queries(a, s, rows, h, qs, qseg.row + qt.k0, delta,
                                                 qshift);
                 if (a.f.thr_b && !ra__topk_block_kept(kmax, tmin)) return; // SPEC 6
                 pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, qt.full, qshift);
@@ -241,9 +242,10 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
     __syncthreads();
     ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
                               [&](const ra_fwd::key_tile &kt) {
-        load_keys(a, s, g, kt.seg, kt.k0, kt.count);
+        const ra_segment kseg = a.f.ksegs[kt.seg];
+        load_keys(a, s, g, kseg, kt.k0, kt.count);
         __syncthreads();
-        pair_tile(a, s, rows, (int)qs.count, kt.seg, kt.k0, kt.count, kt.full, qshift);
+        pair_tile(a, s, rows, (int)qs.count, kseg, kt.k0, kt.count, kt.full, qshift);
         // dQ_i += scale sum_j dZ_ij k_j
         for (int c = part; c < d; c += per_row) {
             float sum = 0.0f;
@@ -287,9 +289,10 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
     }
     ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
                               [&](const ra_fwd::key_tile &kt) {
-        load_keys(a, s, g, kt.seg, kt.k0, kt.count);
+        const ra_segment kseg = a.f.ksegs[kt.seg];
+        load_keys(a, s, g, kseg, kt.k0, kt.count);
         __syncthreads();
-        logit_tile(a, s, rows, n, kt.seg, kt.k0, kt.count, kt.full, qshift);
+        logit_tile(a, s, rows, n, kseg, kt.k0, kt.count, kt.full, qshift);
         if (tid < n) // SPEC 4's scalar update (no accumulator)
             ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * a.bk),
                              kt.count, nullptr, 0);

@@ -48,6 +48,13 @@ struct ra_cuda_ws {
 
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }
 
+// Whether a plan's steps run the tensor-core kernel with softcap, ALiBi and key bias compiled in
+// (its tiles differ: ra__cuda_query_tile), decided once from the plan.
+static inline bool ra__cuda_full_features(const ra_kernel_params *p)
+{
+    return p->softcap > 0.0f || p->alibi != nullptr || p->bias_heads > 0;
+}
+
 // A failed runtime call as RINGATTN_ERR_CUDA, its message naming what failed and why.
 ringattn_status_t ra__cuda_fail(cudaError_t e, const char *what);
 #define RA_CUDA_TRY(call, what)                                 \

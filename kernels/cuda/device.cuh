@@ -12,8 +12,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-// Loops over register fragments must unroll fully, or their arrays go to local memory.
+// Loops over register fragments must unroll fully, or their arrays go to local memory; a loop
+// kept rolled (RA_NO_UNROLL) holds one iteration's values at a time, where registers are short.
 #define RA_UNROLL _Pragma("unroll")
+#define RA_NO_UNROLL _Pragma("unroll 1")
 
 // Two floats as a 16-bit pair (bf16 or f16, round to nearest even), the lower index low.
 __device__ __forceinline__ uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
@@ -42,6 +44,31 @@ __device__ __forceinline__ void ra_count_global_load(const void *, unsigned) {}
 __device__ __forceinline__ void ra_count_global_store(const void *, unsigned) {}
 // A float32 fused multiply-add (FFMA), which the emulation counts.
 __device__ __forceinline__ float ra_fma(float a, float b, float c) { return fmaf(a, b, c); }
+
+// 2^x in one MUFU.EX2 (about 2 ulp; subnormal results flushed to 0, -inf gives 0): the
+// softmax's exponential, its scale folded into the argument's FFMA (FlashAttention 2).
+__device__ __forceinline__ float ra_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1 / x in one MUFU.RCP (about 1 ulp): no call to the precise division's slow path, which in a
+// kernel holding its accumulators in registers costs spills around the call.
+__device__ __forceinline__ float ra_rcp(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// a * b rounded on its own: never contracted with a following add into an FFMA, where a
+// value must equal its rounding elsewhere (nvcc contracts a * b + c by default)
+__device__ __forceinline__ float ra_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+
+// 16 bytes, for vector loads and stores (LDS.128, STG.128).
+using ra_u32x4 = uint4;
 
 // D = C + A B: A 16x16 row-major, B 16x8 column-major (bf16 or f16), C and D float32, in the
 // PTX ISA's fragments (lane l, g = l >> 2, t = l & 3).
@@ -108,6 +135,7 @@ inline const char *ra_device_error_detail() { return ""; }
 #include "base/dtype.h"
 
 #define RA_UNROLL
+#define RA_NO_UNROLL
 
 // The emulation's report of a failed launch (the sites of a deadlock or divergence).
 inline const char *ra_device_error_detail() { return ::ra_emu::last_error(); }
@@ -136,6 +164,16 @@ inline float ra_fma(float a, float b, float c)
     ra_emu::count_ffma();
     return std::fma(a, b, c);
 }
+
+// 2^x and 1 / x (the GPU's ex2.approx and rcp.approx within their 2 and 1 ulp: compare the
+// two builds by tolerance, never bitwise)
+inline float ra_exp2(float x) { return std::exp2(x); }
+inline float ra_rcp(float x) { return 1.0f / x; }
+inline float ra_mul_rn(float a, float b) { return a * b; } // g++ -std=c++17 does not contract
+
+struct alignas(16) ra_u32x4 {
+    uint32_t x, y, z, w;
+};
 
 inline void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4], const uint32_t b[2],
                          const float c[4], RA_EMU_SITE_PARAMS)

@@ -57,17 +57,29 @@ struct ra_attn_args {
     const float *absmax;
     int first, last, bf16;     // bf16: 16-bit storage is bfloat16, else float16 (tile kernel)
     int split_p;               // SPEC 9's high level: P V with P in two 16-bit parts (tile kernel)
+    int full_features;         // the plan has softcap, ALiBi or a key bias: the tile kernel's
+                               // FULL_FEATURES instantiation (forward_tile.cu) runs the step
     // D_v above one tile (blockIdx.z blocks) over several steps: each block's (m, l) copy is
     // state_z elements after the previous one's, so no block reads a state another rewrites
     int64_t state_z;
 };
 
-// The tile kernel's keys per tile for head-dim tiles (d, dv): 64, and 32 at D = 256 or D_v = 128,
-// where S of 64 keys beside the accumulators and both parts of P (split_p) would spill. The
-// backend reports it as the plan's block_k.
-__host__ __device__ constexpr int ra__cuda_keys_per_tile(int d, int dv)
+// The tensor-core kernel's tiles per head-dim tile d, FlashAttention 2's table for sm_80 and
+// sm_90 (flash_fwd_launch_template.h): 128 query rows (4 warps of 32) by 64 keys up to D = 128,
+// 64 by 32 at D = 256 (FA2 runs 64 x 64 there on an H100 without double buffering; with K and V
+// double-buffered 32 keys keep two CTAs per SM). The kernel with softcap, ALiBi or a key bias
+// (full_features: a logit of many terms per element) takes 64 query rows (4 warps of 16): its
+// per-element work does not fit the registers beside 128 rows' accumulators and S. The backend
+// reports them as the plan's tiles.
+__host__ __device__ constexpr int ra__cuda_query_tile(int d, bool full_features)
 {
-    return d >= 256 || dv >= 128 ? 32 : 64;
+    return d >= 256 || full_features ? 64 : 128;
+}
+__host__ __device__ constexpr int ra__cuda_keys_per_tile(int d) { return d >= 256 ? 32 : 64; }
+
+// The float32 kernel's tiles (forward_f32.cuh): 64 query rows, two threads per row, by 16 keys.
+namespace ra_fwd32 {
+constexpr int BQ = 64, BK = 16, THREADS = 2 * BQ;
 }
 
 namespace ra_fwd {
@@ -170,50 +182,77 @@ __device__ __forceinline__ void query_tile(const ra_attn_args &a, int item, int 
     item_tile(a.items[item], a.qsegs, bq, tile, first_row);
 }
 
-// One tile of the other side of an item: [k0, k0 + count) of segment seg's indices.
+// One tile of the other side of an item: [k0, k0 + count) of the indices of segment `seg` (of
+// the walk's segments). Small on purpose: a kernel keeps the next tile beside the accumulators.
 struct key_tile {
-    const ra_segment &seg;
-    int k0, count; // count: rows inside the segment (<= the block)
-    bool full;     // every (row, key) pair of the tile is allowed and no selection applies
+    int seg, k0, count; // count: rows inside the segment (<= the block)
+    bool full;          // every (row, key) pair of the tile is allowed and no selection applies
 };
 
-// body(tile) for every tile of the other side's segments (segs, tiles of `block` rows) that a
-// list item `it` meets, in the list's order (masks/tiles.h: the plan classified them, EMPTY
-// ones are not listed). With a top-k selection (a.thr_b), a tile kept(seg, k0, n) denies is
-// skipped (a block-uniform answer: every thread calls it); FULL only for a whole tile without
-// a selection. Every thread of the block calls it.
+// The tiles of the other side's segments (segs, tiles of `block` rows) that a list item meets,
+// one at a time in the list's order (masks/tiles.h: the plan classified them, EMPTY ones are
+// not listed), so that a kernel can load the next tile while it computes one. With a top-k
+// selection (a.thr_b), a tile kept(seg, k0, n) denies is skipped (a block-uniform answer: every
+// thread calls next); FULL only for a whole tile without a selection.
+struct run_cursor {
+    int r, t, end;
+    __device__ explicit run_cursor(const ra_tile_item &it) : r(it.run), t(0), end(it.run + it.runs)
+    {
+    }
+    template <class Kept>
+    __device__ __forceinline__ bool next(const ra_attn_args &a, const ra_tile_run *runs,
+                                         const ra_segment *segs, int block, Kept kept,
+                                         key_tile &out)
+    {
+        while (r < end) {
+            const ra_tile_run run = runs[r];
+            if (t == run.tiles) {
+                ++r, t = 0;
+                continue;
+            }
+            const int k0 = run.first + t++ * block;
+            const int64_t left = segs[run.seg].span.count - k0;
+            const int n = left < block ? (int)left : block;
+            if (a.thr_b && !kept(segs[run.seg], k0, n)) continue;
+            out = key_tile{run.seg, k0, n, !a.thr_b && n == block && run.kind == RA_BLOCK_FULL};
+            return true;
+        }
+        return false;
+    }
+};
+
+// body(tile) for every tile run_cursor gives. Every thread of the block calls it.
 template <class Kept, class Body>
 __device__ __forceinline__ void for_each_run_tile(const ra_attn_args &a, const ra_tile_item &it,
                                                   const ra_tile_run *runs,
                                                   const ra_segment *segs, int block, Kept kept,
                                                   Body body)
 {
-    for (int r = it.run; r < it.run + it.runs; ++r) {
-        const ra_tile_run run = runs[r];
-        const ra_segment &seg = segs[run.seg];
-        for (int t = 0; t < run.tiles; ++t) {
-            const int k0 = run.first + t * block;
-            const int64_t left = seg.span.count - k0;
-            const int n = left < block ? (int)left : block;
-            if (a.thr_b && !kept(seg, k0, n)) continue;
-            const bool full = !a.thr_b && n == block && run.kind == RA_BLOCK_FULL;
-            body(key_tile{seg, k0, n, full});
-        }
-    }
+    run_cursor cur(it);
+    for (key_tile kt; cur.next(a, runs, segs, block, kept, kt);) body(kt);
 }
 
+// A tile no row's top-k selection keeps is skipped: its largest bias is below the smallest
+// threshold of the block's rows (tmin: block_min of the rows' thresholds; one thread per key,
+// so the block has at least that many threads; brow: the head's key-bias row). A vote of the
+// block: every thread calls it.
+struct topk_kept {
+    const float *brow;
+    float tmin;
+    __device__ __forceinline__ bool operator()(const ra_segment &kseg, int k0, int n) const
+    {
+        const int j = (int)threadIdx.x;
+        return __syncthreads_or(j < n && ra__topk_block_kept(brow[kseg.row + k0 + j], tmin)) != 0;
+    }
+};
+
 // The forward's walk: the key tiles that query tile `item` meets, a tile no row's top-k
-// selection keeps skipped (tmin: block_min of the rows' thresholds; one thread per key, so the
-// block has at least bk threads; brow: the head's key-bias row).
+// selection keeps skipped (topk_kept).
 template <class Body>
 __device__ __forceinline__ void for_each_key_tile(const ra_attn_args &a, int item, int bk,
                                                   const float *brow, float tmin, Body body)
 {
-    auto kept = [&](const ra_segment &kseg, int k0, int n) {
-        const int j = (int)threadIdx.x;
-        return __syncthreads_or(j < n && ra__topk_block_kept(brow[kseg.row + k0 + j], tmin)) != 0;
-    };
-    for_each_run_tile(a, a.items[item], a.runs, a.ksegs, bk, kept, body);
+    for_each_run_tile(a, a.items[item], a.runs, a.ksegs, bk, topk_kept{brow, tmin}, body);
 }
 
 } // namespace ra_fwd

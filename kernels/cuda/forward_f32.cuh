@@ -12,9 +12,6 @@
 
 #include "kernels/cuda/forward_common.cuh"
 
-namespace ra_fwd32 {
-constexpr int BQ = 64, BK = 16, THREADS = 2 * BQ;
-}
 
 template <int D, int DV>
 __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
@@ -69,7 +66,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
     }
     const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
     for_each_key_tile(a, (int)blockIdx.x, BK, rc.bias, tmin, [&](const key_tile &kt) {
-        const ra_segment &kseg = kt.seg;
+        const ra_segment kseg = a.ksegs[kt.seg];
         const int k0 = kt.k0, lk = (int)kseg.span.count;
         load(sk, D, gk + kseg.row * a.k_row + hk * a.k_head, a.k_row, k0, lk, BK, D, a.d);
         load(sv, DV, gv + kseg.row * a.v_row + hk * a.v_head + v0, a.v_row, k0, lk, BK, DV, dv);

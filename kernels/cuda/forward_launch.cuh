@@ -28,6 +28,10 @@ inline int ra__cuda_dim_v_tile(int dv)
 // The blocks over D_v of each (query tile, head).
 inline int ra__cuda_dim_v_blocks(int dv) { return dv > 128 ? (dv + 127) / 128 : 1; }
 
+// The tensor-core kernel's D_v tile: 64 or 128 (forward_tile.cu; fewer instantiations than the
+// float32 kernel's four, at the price of zero columns for D_v of 32 or 96).
+inline int ra__cuda_tc_dv_tile(int dv) { return dv <= 64 ? 64 : 128; }
+
 // Launcher<D, DV>::run(a, grid, stream) for the tiles of a.d and a.dv; 0 or a cudaError_t.
 template <template <int, int> class Launcher>
 int ra__cuda_dispatch_dims(const ra_attn_args &a, int tiles, cudaStream_t s)

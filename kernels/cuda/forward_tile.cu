@@ -1,19 +1,43 @@
-// The tensor-core forward kernel (forward_tile.cuh) for every head-dim tile pair.
+// The tensor-core forward kernel (forward_tile.cuh) for every dtype, feature set and head-dim
+// tile pair: D in {32, 64, 96, 128, 256}, the D_v tile 64 or 128 (D_v above 128 in blocks of
+// 128 over gridDim.z; a D_v below its tile runs with zero columns).
 #include "kernels/cuda/forward_launch.cuh"
 #include "kernels/cuda/forward_tile.cuh"
 
 namespace {
-template <int D, int DV> struct tile_launch {
-    static int run(const ra_attn_args &a, dim3 grid, cudaStream_t s)
-    {
-        int st;
-        RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), grid, dim3(128), ra_fwd_tile_smem(D, DV), s, a);
-        return st;
+
+template <bool BF16, int D, int DV, bool FULL> int launch(const ra_attn_args &a, dim3 grid, cudaStream_t s)
+{
+    int st;
+    RA_LAUNCH(st, (ra_fwd_tile_kernel<BF16, D, DV, FULL>), grid, dim3(128), ra_fwd_tile_smem(D, DV, FULL),
+              s, a);
+    return st;
+}
+
+template <bool BF16, int D> int launch_dv(const ra_attn_args &a, dim3 grid, cudaStream_t s, bool full)
+{
+    if (ra__cuda_tc_dv_tile(a.dv) == 64)
+        return full ? launch<BF16, D, 64, true>(a, grid, s) : launch<BF16, D, 64, false>(a, grid, s);
+    return full ? launch<BF16, D, 128, true>(a, grid, s) : launch<BF16, D, 128, false>(a, grid, s);
+}
+
+template <bool BF16> int launch_d(const ra_attn_args &a, dim3 grid, cudaStream_t s, bool full)
+{
+    switch (ra__cuda_dim_tile(a.d)) {
+    case 32: return launch_dv<BF16, 32>(a, grid, s, full);
+    case 64: return launch_dv<BF16, 64>(a, grid, s, full);
+    case 96: return launch_dv<BF16, 96>(a, grid, s, full);
+    case 128: return launch_dv<BF16, 128>(a, grid, s, full);
+    default: return launch_dv<BF16, 256>(a, grid, s, full);
     }
-};
+}
+
 } // namespace
 
 int ra__cuda_forward_tile(const ra_attn_args &a, int tiles, cudaStream_t s)
 {
-    return ra__cuda_dispatch_dims<tile_launch>(a, tiles, s);
+    const dim3 grid((unsigned)tiles, (unsigned)a.heads, (unsigned)ra__cuda_dim_v_blocks(a.dv));
+    // the plain kernel has no softcap, ALiBi or key-bias instruction (the plan's tiles follow)
+    const bool full = a.full_features != 0;
+    return a.bf16 ? launch_d<true>(a, grid, s, full) : launch_d<false>(a, grid, s, full);
 }

@@ -38,13 +38,24 @@ LIMITS = [
     ("ra_bwd_queries_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
 ]
 
+# The tile kernel's shapes above 82 KiB of shared memory (K and V double-buffered, the rows'
+# sums and bounds): one CTA in an A100's 164 KiB; H100/H200 (228 KiB) hold two.
+SM80_TILES = ("later: an sm_80 shape (fewer keys per tile, single-buffered V) would fit two CTAs "
+              "in an A100's 164 KiB")
+
 # Limits today's kernels are known to miss, by (kernel name prefix, fact, architecture), and
 # the issue that removes each.
 KNOWN = {
     ("ra_fwd_f32_kernel<256", "min_warps_per_sm", "sm_80"):
         "later: the float32 kernel's Q tile at D = 256 (64 x 260 floats) leaves one CTA on sm_80",
-    ("ra_fwd_tile_kernel", "hmma_second_dtype", "*"): "issue 31: a compile-time dtype",
-    ("ra_fwd_tile_kernel", "hmma_predicated", "*"): "issue 31: a compile-time dtype",
+    ("ra_fwd_tile_kernel<true, 96, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<true, 128, 64, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<true, 128, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<true, 256, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<false, 96, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<false, 128, 64, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<false, 128, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<false, 256, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
     ("ra_bwd_keys_kernel", "min_warps_per_sm", "sm_80"):
         "issue 32: the tensor-core backward (108 KiB of shared memory at D = 128: one CTA on sm_80)",
     ("ra_bwd_queries_kernel", "min_warps_per_sm", "sm_80"):
@@ -60,8 +71,12 @@ ARCH = {
 }
 
 
-def tile_keys(d, dv):  # kernels/cuda/forward_common.cuh: ra__cuda_keys_per_tile
-    return 32 if d >= 256 or dv >= 128 else 64
+def tile_keys(d):  # kernels/cuda/forward_common.cuh: ra__cuda_keys_per_tile
+    return 32 if d >= 256 else 64
+
+
+def tile_queries(d, full):  # kernels/cuda/forward_common.cuh: ra__cuda_query_tile
+    return 64 if d >= 256 or full else 128
 
 
 def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
@@ -71,11 +86,11 @@ def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
 # What each launcher asks for (threads, dynamic shared memory), from its template arguments or,
 # for the backward (head dims at run time), at D = D_v = 128.
 def launch_shape(name):
-    m = re.match(r"ra_fwd_tile_kernel<(\d+), (\d+)>", name)
-    if m:
-        d, dv = int(m.group(1)), int(m.group(2))
-        bk = tile_keys(d, dv)
-        return 128, ((64 + bk) * d + bk * dv) * 2, ""
+    m = re.match(r"ra_fwd_tile_kernel<\w+, (\d+), (\d+), (\w+)>", name)
+    if m:  # Q, K and V double-buffered, the rows' sums and bounds (forward_tile.cuh)
+        d, dv, full = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
+        bq = tile_queries(d, full)
+        return 128, (bq * d + 2 * tile_keys(d) * (d + dv)) * 2 + 2 * (bq // 64) * 2 * 128 * 4, ""
     m = re.match(r"ra_fwd_f32_kernel<(\d+), (\d+)>", name)
     if m:
         d, dv = int(m.group(1)), int(m.group(2))

@@ -116,9 +116,12 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
                                                    g.span.pos + j * g.span.stride]);
             // the tile list as a plan makes it (masks/tiles.h), its items heaviest first
             const ra_window window{c.wl, c.eff_wr()};
-            const int bk = c.dtype == RINGATTN_FLOAT32 ? ra_fwd32::BK : ra__cuda_keys_per_tile(D, DV);
+            const bool f32 = c.dtype == RINGATTN_FLOAT32;
+            const bool full = c.softcap > 0 || !slopes.empty() || c.key_bias_heads; // the library's choice
+            const int bq = f32 ? ra_fwd32::BQ : ra__cuda_query_tile(D, full);
+            const int bk = f32 ? ra_fwd32::BK : ra__cuda_keys_per_tile(D);
             ra_tile_list list;
-            REQUIRE(ra__tile_list_make(window, delta.data(), &qs.view(), 1, 64, &ks.view(), bk,
+            REQUIRE(ra__tile_list_make(window, delta.data(), &qs.view(), 1, bq, &ks.view(), bk,
                                        &list) == RINGATTN_SUCCESS);
             std::vector<ra_tile_item> items;
             for (int32_t j = 0; j < list.num_items; ++j) items.push_back(list.items[list.order[j]]);
@@ -140,15 +143,22 @@ Out run(const ratest::Problem &pb, ringattn_layout_t layout, int P, ra_emu::Poli
             a.bias = c.key_bias_heads ? bias.data() : nullptr;
             a.bias_ld = ks.rows, a.bias_heads = c.key_bias_heads;
             a.first = step == 0, a.last = step == P - 1, a.bf16 = c.dtype == RINGATTN_BFLOAT16;
+            a.full_features = full;
             if (items.empty()) continue;
             int st = 0;
             const dim3 grid((unsigned)items.size(), (unsigned)H);
-            if (c.dtype == RINGATTN_FLOAT32)
+            const size_t smem = ra_fwd_tile_smem(D, DV, full);
+            if (f32)
                 RA_LAUNCH(st, (ra_fwd_f32_kernel<D, DV>), grid, dim3(ra_fwd32::THREADS), ra_fwd_f32_smem(D, DV),
                           nullptr, a);
+            else if (a.bf16 && full)
+                RA_LAUNCH(st, (ra_fwd_tile_kernel<true, D, DV, true>), grid, dim3(128), smem, nullptr, a);
+            else if (a.bf16)
+                RA_LAUNCH(st, (ra_fwd_tile_kernel<true, D, DV, false>), grid, dim3(128), smem, nullptr, a);
+            else if (full)
+                RA_LAUNCH(st, (ra_fwd_tile_kernel<false, D, DV, true>), grid, dim3(128), smem, nullptr, a);
             else
-                RA_LAUNCH(st, (ra_fwd_tile_kernel<D, DV>), grid, dim3(128), ra_fwd_tile_smem(D, DV),
-                          nullptr, a);
+                RA_LAUNCH(st, (ra_fwd_tile_kernel<false, D, DV, false>), grid, dim3(128), smem, nullptr, a);
             REQUIRE(st == 0);
             const cudaError_t e = cudaStreamSynchronize(nullptr);
             INFO(ra_emu::last_error());
