@@ -36,9 +36,14 @@ int width_index(unsigned bytes)
     return bytes <= 1 ? 0 : bytes <= 2 ? 1 : bytes <= 4 ? 2 : bytes <= 8 ? 3 : 4;
 }
 
-// Shared memory: the most distinct 4-byte words any of the 32 banks serves; global: 32-byte
-// sectors touched.
-uint64_t units_of(const Group &g)
+// A request's units (shared memory: the most distinct 4-byte words any of the 32 banks serves;
+// global: 32-byte sectors touched) and, for shared memory, its ideal: the wavefronts its
+// distinct words need at 32 a wavefront (Nsight Compute's ideal; units above it are conflicts).
+struct Units {
+    uint64_t units, ideal;
+};
+
+Units units_of(const Group &g)
 {
     // the common requests first: one word for every lane (a broadcast), or lane l at the l-th
     // consecutive element (4 bytes: 1 wavefront; 8 or 16: 2 or 4; global: its sectors)
@@ -50,9 +55,12 @@ uint64_t units_of(const Group &g)
                           g.addr[l] == g.addr[0] + (uintptr_t)l * g.bytes[0];
         }
         const uintptr_t unit = is_shared(g.kind) ? 4 : 32;
-        if (same && g.bytes[0] <= 4 && g.addr[0] % 4 + g.bytes[0] <= 4 && is_shared(g.kind)) return 1;
-        if (consecutive && g.addr[0] % unit == 0 && g.bytes[0] >= 4)
-            return is_shared(g.kind) ? (uint64_t)g.bytes[0] / 4 : (uint64_t)(32 * g.bytes[0]) / 32;
+        if (same && g.bytes[0] <= 4 && g.addr[0] % 4 + g.bytes[0] <= 4 && is_shared(g.kind))
+            return {1, 1};
+        if (consecutive && g.addr[0] % unit == 0 && g.bytes[0] >= 4) {
+            const uint64_t n = is_shared(g.kind) ? (uint64_t)g.bytes[0] / 4 : (uint64_t)g.bytes[0];
+            return {n, n};
+        }
     }
     uintptr_t words[32 * 5];
     int n = 0;
@@ -64,10 +72,10 @@ uint64_t units_of(const Group &g)
     }
     std::sort(words, words + n);
     n = (int)(std::unique(words, words + n) - words);
-    if (!is_shared(g.kind)) return (uint64_t)n;
+    if (!is_shared(g.kind)) return {(uint64_t)n, (uint64_t)n};
     int per_bank[32] = {0}, most = 1;
     for (int i = 0; i < n; ++i) most = std::max(most, ++per_bank[words[i] % 32]);
-    return (uint64_t)most;
+    return {(uint64_t)most, (uint64_t)std::max(1, (n + 31) / 32)};
 }
 
 } // namespace
@@ -145,14 +153,9 @@ void judge(CounterState &cs, SiteLog &log)
         }
         if (!g.lanes) break;
         const uint64_t lanes = (uint64_t)__builtin_popcount(g.lanes);
-        if (m > 1 && one_stride && shift_keeps_units(log.kind, stride)) {
-            sum.requests += m;
-            sum.units += m * units_of(g);
-        } else {
-            m = 1;
-            ++sum.requests;
-            sum.units += units_of(g);
-        }
+        if (!(m > 1 && one_stride && shift_keeps_units(log.kind, stride))) m = 1;
+        const Units u = units_of(g);
+        sum.requests += m, sum.units += m * u.units, sum.ideal += m * u.ideal;
         sum.bytes += (uint64_t)m * log.bytes * lanes;
         for (int l = 0; l < 32; ++l) {
             if (!(g.lanes >> l & 1)) continue;
@@ -161,11 +164,11 @@ void judge(CounterState &cs, SiteLog &log)
         }
     }
     KindCount &k = cs.into->by[(int)log.kind][width_index(log.bytes)];
-    k.requests += sum.requests, k.units += sum.units, k.bytes += sum.bytes;
+    k.add(sum);
     if (!is_shared(log.kind)) return;
     static const char *const names[KINDS] = {" ld.shared", " st.shared", "", "", " cp.async", "", ""};
     KindCount &at = cs.into->shared_sites[site_str(log.site) + names[(int)log.kind]];
-    at.requests += sum.requests, at.units += sum.units, at.bytes += sum.bytes;
+    at.add(sum);
 }
 
 CounterState *state() { return block().counters; }
@@ -288,7 +291,8 @@ void count_ldmatrix(const uintptr_t addr[32], bool trans)
     for (int m = 0; m < 4; ++m) {
         Group g{Kind::ld_shared, 0, {}, {}};
         for (int r = 0; r < 8; ++r) g.addr[r] = addr[8 * m + r], g.bytes[r] = 16, g.lanes |= 1u << r;
-        k.units += units_of(g);
+        const Units u = units_of(g);
+        k.units += u.units, k.ideal += u.ideal;
     }
 }
 

@@ -30,7 +30,9 @@ inline bool is_shared(Kind k) { return k != Kind::ld_global && k != Kind::st_glo
 struct KindCount {
     uint64_t requests = 0;
     uint64_t units = 0; // shared: wavefronts; global: 32-byte sectors
+    uint64_t ideal = 0; // shared: the wavefronts without bank conflicts (distinct words / 32)
     uint64_t bytes = 0;
+    void add(const KindCount &o) { requests += o.requests, units += o.units, ideal += o.ideal, bytes += o.bytes; }
 };
 
 // One launch's counts (summed over its blocks).
@@ -44,7 +46,7 @@ struct LaunchCounters {
     uint64_t mma_issued = 0, mma_useful = 0, ffma = 0, barriers = 0, shuffles = 0;
     int max_cp_async_groups = 0;
     void add(const LaunchCounters &o);
-    std::string json() const; // one line, no newline; the 8 sites of most wavefronts
+    std::string json() const; // one line, no newline; 8 sites: most conflicts, then wavefronts
 };
 
 // Where the counts of the running block go (the worker's share of the launch), and the state

@@ -53,6 +53,7 @@ TEST_CASE("counters: shared loads by the bank rule (conflict-free, broadcast, 8-
         CHECK(field(j, "ld.shared.b32\":{\"requests") == 1);
         CHECK(field(j, "smem_requests") == 33);
         CHECK(field(j, "smem_wavefronts") == 32 + c.wavefronts);
+        CHECK(field(j, "smem_ideal_wavefronts") == 33); // at most 32 distinct words: 1 ideal
         CHECK(field(j, "smem_bytes_read") == 128);
         CHECK(field(j, "smem_bytes_written") == 4096);
     }
@@ -143,6 +144,8 @@ TEST_CASE("counters: ldmatrix wavefronts per 8x8 matrix", "[emu][counters]")
         INFO("rows " << c.first << " bytes apart: " << j);
         CHECK(field(j, "ldmatrix.x4\":{\"requests") == 1);
         CHECK(field(j, "ldmatrix.x4\":{\"requests\":1,\"wavefronts") == c.second);
+        const std::string ldsm = "ldmatrix.x4\":{\"requests\":1,\"wavefronts\":" + std::to_string(c.second);
+        CHECK(field(j, ldsm + ",\"ideal") == 4); // 512 distinct bytes
     }
 }
 
