@@ -1,5 +1,5 @@
-// The backward kernels' launches (backward.cuh): runtime head dims and dtype, so one
-// instantiation of each kernel.
+// The backward kernels' launches (backward.cuh): runtime head dims and dtype, an instantiation
+// of each kernel per tile.
 #include "kernels/cuda/backward.cuh"
 
 int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_row, int64_t o_head,
@@ -13,26 +13,31 @@ int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_ro
     return st;
 }
 
+// The backward's tile, 32 or 16 (ra__cuda_bwd_tile), as the kernels' template argument.
+#define RA_BWD_LAUNCH(st, kernel, grid, a, s)                                                   \
+    do {                                                                                      \
+        const size_t smem_ = ra__cuda_bwd_smem((a).f.d, (a).f.dv);                            \
+        if ((a).bq == 32) RA_LAUNCH(st, kernel<32>, grid, dim3(ra_bwd::THREADS), smem_, s, a);   \
+        else RA_LAUNCH(st, kernel<16>, grid, dim3(ra_bwd::THREADS), smem_, s, a);               \
+    } while (0)
+
 int ra__cuda_backward_keys(const ra_bwd_args &a, int key_tiles, int kv_blocks, cudaStream_t s)
 {
     int st;
-    RA_LAUNCH(st, ra_bwd_keys_kernel, dim3((unsigned)key_tiles, (unsigned)kv_blocks),
-              dim3(ra_bwd::THREADS), ra__cuda_bwd_smem(a.f.d, a.f.dv), s, a);
+    RA_BWD_LAUNCH(st, ra_bwd_keys_kernel, dim3((unsigned)key_tiles, (unsigned)kv_blocks), a, s);
     return st;
 }
 
 int ra__cuda_backward_queries(const ra_bwd_args &a, int query_tiles, cudaStream_t s)
 {
     int st;
-    RA_LAUNCH(st, ra_bwd_queries_kernel, dim3((unsigned)query_tiles, (unsigned)a.f.heads),
-              dim3(ra_bwd::THREADS), ra__cuda_bwd_smem(a.f.d, a.f.dv), s, a);
+    RA_BWD_LAUNCH(st, ra_bwd_queries_kernel, dim3((unsigned)query_tiles, (unsigned)a.f.heads), a, s);
     return st;
 }
 
 int ra__cuda_backward_stats(const ra_bwd_args &a, int query_tiles, cudaStream_t s)
 {
     int st;
-    RA_LAUNCH(st, ra_bwd_stats_kernel, dim3((unsigned)query_tiles, (unsigned)a.f.heads),
-              dim3(ra_bwd::THREADS), ra__cuda_bwd_smem(a.f.d, a.f.dv), s, a);
+    RA_BWD_LAUNCH(st, ra_bwd_stats_kernel, dim3((unsigned)query_tiles, (unsigned)a.f.heads), a, s);
     return st;
 }

@@ -1,5 +1,5 @@
 // The backward kernels (SPEC 7, DESIGN: CUDA: the backend): two deterministic passes, as on the
-// CPU, so that repeated runs are bitwise identical (SPEC 9) with no atomics: key pass:   one block
+// CPU, so that repeated runs are bitwise identical (SPEC 9) with no atomics: key pass: one block
 // per (key tile, kv heads) sums dK, dV (and dBias, the column sums of dS) over every query head of
 // the GQA group and every query tile that sees it; query pass: one block per (query tile, head)
 // sums dQ over the key tiles it sees (both walk the runs of the backward's tile lists,
@@ -7,30 +7,17 @@
 // and scale once per call (SPEC 9: LSE, or the recomputed max and 1 / sum of a row whose LSE is
 // lossy). Every output element has one owner thread that sums in a fixed order.
 //
-// SIMT FFMA in float32 for every storage dtype, head dims at run time: each thread of a tile
-// pair computes whole dot products in column order, then each accumulator element is owned by
-// one thread. The forward's logit, mask walk (EMPTY tiles skipped, FULL tiles without the
-// per-element mask, SPEC 6 tiles no row keeps skipped) and SPEC 9 shift of Q are shared
-// (forward_common.cuh). Tensor-core backward kernels are later work (docs/DESIGN.md).
+// SIMT FFMA in float32 for every storage dtype, head dims at run time, the tile (T = 32 or 16)
+// a template: a tile pair's logits and dP as register-tiled dot products, then each
+// accumulator block owned by one thread (backward_tiles.cuh: conflict-free 16-byte loads). The
+// forward's logit, mask walk (EMPTY tiles skipped, FULL tiles without the per-element mask,
+// SPEC 6 tiles no row keeps skipped) and SPEC 9 shift of Q are shared (forward_common.cuh).
+// Tensor-core backward kernels for the 16-bit dtypes are later work (docs/DESIGN.md).
 #pragma once
 
-#include "kernels/cuda/backward_common.cuh"
+#include "kernels/cuda/backward_tiles.cuh"
 
 namespace ra_bwd {
-
-// The block's shared memory, carved as ra__cuda_bwd_smem sizes it.
-struct tiles {
-    ra_smem<float> q, dout, k, v, acc0, acc1, p, ds, dz, db;
-};
-
-__device__ __forceinline__ tiles carve(ra_smem<float> sm, int t, int d, int dv)
-{
-    tiles s;
-    s.q = sm, s.dout = s.q + t * d, s.k = s.dout + t * dv, s.v = s.k + t * d;
-    s.acc0 = s.v + t * dv, s.acc1 = s.acc0 + t * d;
-    s.p = s.acc1 + t * dv, s.ds = s.p + t * t, s.dz = s.ds + t * t, s.db = s.dz + t * t;
-    return s;
-}
 
 // The rows of a query tile (span qs, first local row qr, head h) into rows[] and their Q and dO
 // (not for the stats pass) into the tiles; the smallest top-k threshold of its rows (+inf
@@ -42,10 +29,10 @@ __device__ __forceinline__ float load_queries(const ra_bwd_args &a, const tiles 
     const int t = a.bq, n = (int)qs.count;
     for (int i = (int)threadIdx.x; i < t; i += (int)blockDim.x)
         rows[i] = make_brow(a, h, qr + i, qs.pos + i * qs.stride, delta, i < n, qshift, stats);
-    load_rows(s.q, a.f.q, qr * a.f.q_row + (int64_t)h * a.f.q_head, a.f.q_row, 0, n, t, a.f.d,
-              a.dtype);
+    load_rows(s.q, s.lq, a.f.q, qr * a.f.q_row + (int64_t)h * a.f.q_head, a.f.q_row, 0, n, t,
+              a.f.d, a.dtype);
     if (!stats)
-        load_rows(s.dout, a.dout, qr * a.do_row + (int64_t)h * a.do_head, a.do_row, 0, n, t,
+        load_rows(s.dout, s.lv, a.dout, qr * a.do_row + (int64_t)h * a.do_head, a.do_row, 0, n, t,
                   a.f.dv, a.dtype);
     __syncthreads();
     float tmin = INFINITY;
@@ -60,52 +47,10 @@ __device__ __forceinline__ float load_queries(const ra_bwd_args &a, const tiles 
 __device__ __forceinline__ void load_keys(const ra_bwd_args &a, const tiles &s, int g,
                                           const ra_segment &kseg, int k0, int n)
 {
-    load_rows(s.k, a.f.k, kseg.row * a.f.k_row + (int64_t)g * a.f.k_head, a.f.k_row, k0, k0 + n,
-              a.bk, a.f.d, a.dtype);
-    load_rows(s.v, a.f.v, kseg.row * a.f.v_row + (int64_t)g * a.f.v_head, a.f.v_row, k0, k0 + n,
-              a.bk, a.f.dv, a.dtype);
-}
-
-// The logit of every pair of the loaded query rows (nq) and keys (nk) into s.p (-inf outside).
-__device__ __forceinline__ void logit_tile(const ra_bwd_args &a, const tiles &s, const brow *rows,
-                                           int nq, const ra_segment &kseg, int k0, int nk,
-                                           bool full, int qshift)
-{
-    const int tk = a.bk;
-    for (int idx = (int)threadIdx.x; idx < a.bq * tk; idx += (int)blockDim.x) {
-        const int i = idx / tk, j = idx % tk;
-        float x = -INFINITY;
-        if (i < nq && j < nk) {
-            const float z = dot(s.q + i * a.f.d, s.k + j * a.f.d, a.f.d, qshift);
-            const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
-            x = full ? ra_fwd::logit<false>(a.f, rows[i].rc, z, true, pj, kseg.row + k0 + j)
-                     : ra_fwd::logit<true>(a.f, rows[i].rc, z, true, pj, kseg.row + k0 + j);
-        }
-        s.p[idx] = x;
-    }
-    __syncthreads();
-}
-
-// P, dS and dZ of every pair of the loaded query rows (nq) and keys (nk; positions of key
-// segment kseg from index k0) into the tiles; zeros outside. FULL: no per-element mask.
-__device__ __forceinline__ void pair_tile(const ra_bwd_args &a, const tiles &s, const brow *rows,
-                                          int nq, const ra_segment &kseg, int k0, int nk, bool full,
-                                          int qshift)
-{
-    const int tq = a.bq, tk = a.bk;
-    for (int idx = (int)threadIdx.x; idx < tq * tk; idx += (int)blockDim.x) {
-        const int i = idx / tk, j = idx % tk;
-        pair_grad g{0.0f, 0.0f, 0.0f};
-        if (i < nq && j < nk) {
-            const float z = dot(s.q + i * a.f.d, s.k + j * a.f.d, a.f.d, qshift);
-            const float dp = dot(s.dout + i * a.f.dv, s.v + j * a.f.dv, a.f.dv, 0);
-            const int64_t pj = kseg.span.pos + (int64_t)(k0 + j) * kseg.span.stride;
-            g = full ? grads<false>(a, rows[i], z, dp, pj, kseg.row + k0 + j)
-                     : grads<true>(a, rows[i], z, dp, pj, kseg.row + k0 + j);
-        }
-        s.p[i * tk + j] = g.p, s.ds[i * tk + j] = g.ds, s.dz[i * tk + j] = g.dz;
-    }
-    __syncthreads();
+    load_rows(s.k, s.lq, a.f.k, kseg.row * a.f.k_row + (int64_t)g * a.f.k_head, a.f.k_row, k0,
+              k0 + n, a.bk, a.f.d, a.dtype);
+    load_rows(s.v, s.lv, a.f.v, kseg.row * a.f.v_row + (int64_t)g * a.f.v_head, a.f.v_row, k0,
+              k0 + n, a.bk, a.f.dv, a.dtype);
 }
 
 } // namespace ra_bwd
@@ -134,38 +79,36 @@ __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, con
 // Key pass. Grid: (the key-major list's key tiles, heaviest first; kv-head blocks); kv heads
 // [g0, g0 + gb) with gb = gridDim.y == 1 ? H_kv : 1 (a block covers every kv head sharing a
 // bias head, so it owns the dBias rows of its key tile).
-__global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
+template <int T> __global__ void __launch_bounds__(128, 2) ra_bwd_keys_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
     RA_DYNAMIC_SMEM(float, sm);
     __shared__ brow rows[32];
-    const int t = a.bk, d = a.f.d, dv = a.f.dv;
-    const tiles s = carve(sm, t, d, dv);
+    const int d = a.f.d, dv = a.f.dv;
+    const tiles s = carve(sm, T, d, dv, true);
     const int gb = gridDim.y == 1 ? a.f.kv_heads : 1, g0 = (int)blockIdx.y * gb;
     const int G = a.f.heads / a.f.kv_heads, per_bias = a.f.bias ? a.f.heads / a.f.bias_heads : 1;
     const ra_tile_item item = a.kitems[blockIdx.x];
     ra_span ks;
     int64_t krow;
-    ra_fwd::item_tile(item, a.f.ksegs, t, &ks, &krow);
+    ra_fwd::item_tile(item, a.f.ksegs, T, &ks, &krow);
     const ra_segment kseg = a.f.ksegs[item.seg];
     const int k0 = item.first, nk = (int)ks.count;
     const int64_t delta = a.f.delta[ks.seq];
     const int qshift = ra_fwd::q_shift(a.f);
-    const int tid = (int)threadIdx.x, per_row = THREADS / t, j_own = tid / per_row,
-              part = tid % per_row;
+    const int tid = (int)threadIdx.x;
     int hb_open = -1; // the bias head whose dBias row s.db holds
     auto flush_dbias = [&]() {
         __syncthreads();
-        if (hb_open >= 0 && a.dbias && part == 0 && j_own < nk)
-            store(a.dbias, (int64_t)hb_open * a.f.bias_ld + krow + j_own, s.db[j_own], 0,
-                  a.accumulate);
-        if (part == 0) s.db[j_own] = 0.0f;
+        if (hb_open >= 0 && a.dbias && tid < nk)
+            store(a.dbias, (int64_t)hb_open * a.f.bias_ld + krow + tid, s.db[tid], 0, a.accumulate);
+        if (tid < T) s.db[tid] = 0.0f;
         __syncthreads();
     };
     auto every = [](const ra_segment &, int, int) { return true; }; // top-k: below, per tile
     for (int g = g0; g < g0 + gb; ++g) {
         load_keys(a, s, g, kseg, k0, nk);
-        for (int i = tid; i < t * (d + dv); i += THREADS) s.acc0[i] = 0.0f; // acc1 follows acc0
+        for (int i = tid; i < T * (d + dv); i += THREADS) s.acc0[i] = 0.0f; // acc1 follows acc0
         __syncthreads();
         for (int h = g * G; h < (g + 1) * G; ++h) {
             const int hb = h / per_bias;
@@ -182,102 +125,76 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_keys_kernel(ra_bwd_args a)
                 const float tmin = load_queries(a, s, rows, h, qs, qseg.row + qt.k0, delta,
                                                 qshift);
                 if (a.f.thr_b && !ra__topk_block_kept(kmax, tmin)) return; // SPEC 6
-                pair_tile(a, s, rows, (int)qs.count, kseg, k0, nk, qt.full, qshift);
-                // dV_j += sum_i P_ij dO_i, dK_j += scale sum_i dZ_ij q_i, dBias_j += sum_i dS_ij
-                for (int c = part; c < d + dv; c += per_row) {
-                    const bool is_v = c >= d;
-                    const ra_smem<float> w = is_v ? s.p : s.dz;
-                    const ra_smem<float> x = is_v ? s.dout + (c - d) : s.q + c;
-                    const int ld = is_v ? dv : d;
+                const int nq = (int)qs.count;
+                pair_pass<T, pairs_for::keys>(a, s, rows, nq, kseg, k0, nk, qt.full, qshift,
+                                              a.dbias != nullptr);
+                key_sums<T>(a, s, nq);
+                if (a.dbias && tid < T) { // dBias_j += sum_i dS_ij: the row groups in order
                     float sum = 0.0f;
-                    for (int i = 0; i < (int)qs.count; ++i) { // a load per line (counters)
-                        const float wi = w[i * t + j_own];
-                        const float xi = x[i * ld];
-                        sum = ra_fma(wi, xi, sum);
-                    }
-                    if (is_v) s.acc1[j_own * dv + (c - d)] += sum;
-                    else s.acc0[j_own * d + c] += a.f.scale * sum;
-                }
-                if (part == 0) {
-                    float sum = 0.0f;
-                    for (int i = 0; i < (int)qs.count; ++i) sum += s.ds[i * t + j_own];
-                    s.db[j_own] += sum;
+                    for (int r = 0; r < 8; ++r) sum += s.part[r * T + tid];
+                    s.db[tid] += sum;
                 }
                 __syncthreads(); // the next query tile overwrites the tiles
             });
         }
         // this kv head's dK, dV rows of the key tile (zeros where no query sees a key)
-        if (j_own < nk) {
-            const int64_t kr = krow + j_own;
-            for (int c = part; c < d; c += per_row)
-                store(a.dk, kr * a.dk_row + (int64_t)g * a.dk_head + c, s.acc0[j_own * d + c], a.dtype,
-                      a.accumulate);
-            for (int c = part; c < dv; c += per_row)
-                store(a.dv, kr * a.dv_row + (int64_t)g * a.dv_head + c, s.acc1[j_own * dv + c],
-                      a.dtype, a.accumulate);
-        }
+        for (int e = tid; e < nk * d; e += THREADS)
+            store(a.dk, (krow + e / d) * a.dk_row + (int64_t)g * a.dk_head + e % d, s.acc0[e],
+                  a.dtype, a.accumulate);
+        for (int e = tid; e < nk * dv; e += THREADS)
+            store(a.dv, (krow + e / dv) * a.dv_row + (int64_t)g * a.dv_head + e % dv, s.acc1[e],
+                  a.dtype, a.accumulate);
         __syncthreads();
     }
     flush_dbias();
 }
 
-// Query pass. Grid: (the query-major list's query tiles of bq rows, heaviest first; heads).
-__global__ void __launch_bounds__(128, 1) ra_bwd_queries_kernel(ra_bwd_args a)
+// Query pass. Grid: (the query-major list's query tiles of T rows, heaviest first; heads).
+template <int T> __global__ void __launch_bounds__(128, 2) ra_bwd_queries_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
     RA_DYNAMIC_SMEM(float, sm);
     __shared__ brow rows[32];
-    const int t = a.bq, d = a.f.d;
-    const tiles s = carve(sm, t, d, a.f.dv);
+    const int d = a.f.d;
+    const tiles s = carve(sm, T, d, a.f.dv, false);
     const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads);
     ra_span qs;
     int64_t qr;
-    ra_fwd::query_tile(a.f, (int)blockIdx.x, t, &qs, &qr);
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, T, &qs, &qr);
     const int64_t delta = a.f.delta[qs.seq];
     const int qshift = ra_fwd::q_shift(a.f);
-    const int tid = (int)threadIdx.x, per_row = THREADS / t, i_own = tid / per_row,
-              part = tid % per_row;
+    const int tid = (int)threadIdx.x, nq = (int)qs.count;
     const float tmin = load_queries(a, s, rows, h, qs, qr, delta, qshift);
-    for (int i = tid; i < t * d; i += THREADS) s.acc0[i] = 0.0f;
+    for (int i = tid; i < T * d; i += THREADS) s.acc0[i] = 0.0f;
     __syncthreads();
-    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
+    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, T, rows[0].rc.bias, tmin,
                               [&](const ra_fwd::key_tile &kt) {
         const ra_segment kseg = a.f.ksegs[kt.seg];
         load_keys(a, s, g, kseg, kt.k0, kt.count);
         __syncthreads();
-        pair_tile(a, s, rows, (int)qs.count, kseg, kt.k0, kt.count, kt.full, qshift);
-        // dQ_i += scale sum_j dZ_ij k_j
-        for (int c = part; c < d; c += per_row) {
-            float sum = 0.0f;
-            for (int j = 0; j < kt.count; ++j) {
-                const float dz = s.dz[i_own * t + j];
-                const float kj = s.k[j * d + c];
-                sum = ra_fma(dz, kj, sum);
-            }
-            s.acc0[i_own * d + c] += a.f.scale * sum;
-        }
+        pair_pass<T, pairs_for::queries>(a, s, rows, nq, kseg, kt.k0, kt.count, kt.full, qshift,
+                                         false);
+        query_sums<T>(a, s, kt.count);
         __syncthreads(); // the next key tile overwrites the tiles
     });
-    if (i_own < (int)qs.count)
-        for (int c = part; c < d; c += per_row)
-            store(a.dq, (qr + i_own) * a.dq_row + (int64_t)h * a.dq_head + c,
-                  s.acc0[i_own * d + c], a.dtype, a.accumulate);
+    for (int e = tid; e < nq * d; e += THREADS)
+        store(a.dq, (qr + e / d) * a.dq_row + (int64_t)h * a.dq_head + e % d, s.acc0[e], a.dtype,
+              a.accumulate);
 }
 
-// SPEC 9 stats pass (backward_common.cuh). Grid: (the query-major list's query tiles of bq
+// SPEC 9 stats pass (backward_common.cuh). Grid: (the query-major list's query tiles of T
 // rows; heads).
-__global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
+template <int T> __global__ void __launch_bounds__(128, 2) ra_bwd_stats_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd;
     RA_DYNAMIC_SMEM(float, sm);
     __shared__ brow rows[32];
     __shared__ float row_m[32], row_l[32];
-    const int t = a.bq;
-    const tiles s = carve(sm, t, a.f.d, a.f.dv);
+    const tiles s = carve(sm, T, a.f.d, a.f.dv, false);
     const int h = (int)blockIdx.y, g = h / (a.f.heads / a.f.kv_heads), tid = (int)threadIdx.x;
     ra_span qs;
     int64_t qr;
-    ra_fwd::query_tile(a.f, (int)blockIdx.x, t, &qs, &qr);
+    ra_fwd::query_tile(a.f, (int)blockIdx.x, T, &qs, &qr);
     const int64_t delta = a.f.delta[qs.seq], at = (int64_t)h * a.f.tq + qr;
     const int qshift = ra_fwd::q_shift(a.f);
     const int n = (int)qs.count;
@@ -287,14 +204,15 @@ __global__ void __launch_bounds__(128, 1) ra_bwd_stats_kernel(ra_bwd_args a)
         row_m[tid] = a.f.first ? -INFINITY : a.f.m[at + tid];
         row_l[tid] = a.f.first ? 0.0f : a.f.l[at + tid];
     }
-    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, t, rows[0].rc.bias, tmin,
+    ra_fwd::for_each_key_tile(a.f, (int)blockIdx.x, T, rows[0].rc.bias, tmin,
                               [&](const ra_fwd::key_tile &kt) {
         const ra_segment kseg = a.f.ksegs[kt.seg];
         load_keys(a, s, g, kseg, kt.k0, kt.count);
         __syncthreads();
-        logit_tile(a, s, rows, n, kseg, kt.k0, kt.count, kt.full, qshift);
+        pair_pass<T, pairs_for::stats>(a, s, rows, n, kseg, kt.k0, kt.count, kt.full, qshift,
+                                       false);
         if (tid < n) // SPEC 4's scalar update (no accumulator)
-            ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * a.bk),
+            ra__state_update(&row_m[tid], &row_l[tid], nullptr, 0, ra_raw(s.p + tid * s.lp),
                              kt.count, nullptr, 0);
         __syncthreads(); // the next key tile overwrites the tiles
     });

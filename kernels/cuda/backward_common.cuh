@@ -26,15 +26,25 @@ struct ra_bwd_args {
 };
 
 // The backward's tiles: 32 x 32 while D + D_v <= 256, else 16 x 16, so that a block's float32
-// tiles and accumulators stay near 96 KiB of shared memory at any head dim.
+// tiles and accumulators stay below 113 KiB of shared memory at any head dim (two blocks per
+// SM on sm_90).
 inline int ra__cuda_bwd_tile(int d, int dv) { return d + dv <= 256 ? 32 : 16; }
 
-// Shared memory of either pass: Q, dO, K, V tiles, two accumulators of a tile's rows (the key
-// pass's dK, dV or the query pass's dQ), P, dS and dZ of a tile pair, and a dBias row.
+// The pair tiles' row stride in floats (backward_tiles.cuh), a multiple of 4 (16-byte loads).
+// The key pass stores rows RI ti + r (RI = T / 8) at 16 consecutive keys, two row groups a warp:
+// RI lp must be 16 banks mod 32 to put them on all 32 (T = 32: 4 x 36, T = 16: 2 x 24). The
+// query pass at T = 16 stores 2-row columns of 16 keys, which 24 would put on 16 banks: 20.
+RA_HD int ra__cuda_bwd_pair_ld(int t, bool key_pass) { return t == 16 && key_pass ? 24 : t + 4; }
+
+// Shared memory of either pass (backward_tiles.cuh: carve): Q, dO, K, V tiles with rows padded
+// by 4 floats, two accumulators of a tile's rows (the key pass's dK, dV or the query pass's dQ),
+// two pair tiles (rows padded), dBias partials and a dBias row: at D = D_v = 128 108 KiB, two
+// blocks per SM on sm_90 beside the static rows.
 inline size_t ra__cuda_bwd_smem(int d, int dv)
 {
     const size_t t = (size_t)ra__cuda_bwd_tile(d, dv);
-    return (3 * t * (d + dv) + 3 * t * t + t) * sizeof(float);
+    const size_t lp = (size_t)ra__cuda_bwd_pair_ld((int)t, true); // the larger
+    return (2 * t * (d + 4 + dv + 4) + t * (d + dv) + 2 * t * lp + 4 + 8 * t + t) * sizeof(float);
 }
 
 namespace ra_bwd {
@@ -67,14 +77,14 @@ __device__ __forceinline__ void store(void *p, int64_t i, float x, int dt, int a
 }
 
 // Rows [r0, r0 + n) of a tensor (elements from `at`, row stride rs, `dim` columns) as float32
-// into a tile of n rows of `dim` columns; zeros at and past row `rows`.
-__device__ __forceinline__ void load_rows(ra_smem<float> tile, const void *base, int64_t at,
+// into a tile of n rows of `dim` columns, ld floats apart; zeros at and past row `rows`.
+__device__ __forceinline__ void load_rows(ra_smem<float> tile, int ld, const void *base, int64_t at,
                                           int64_t rs, int64_t r0, int64_t rows, int n, int dim,
                                           int dt)
 {
     for (int i = (int)threadIdx.x; i < n * dim; i += (int)blockDim.x) {
         const int r = i / dim, c = i % dim;
-        tile[i] = r0 + r < rows ? load(base, at + (r0 + r) * rs + c, dt) : 0.0f;
+        tile[r * ld + c] = r0 + r < rows ? load(base, at + (r0 + r) * rs + c, dt) : 0.0f;
     }
 }
 
@@ -122,28 +132,6 @@ __device__ __forceinline__ pair_grad grads(const ra_bwd_args &a, const brow &r, 
         dz = ds * (1.0f - t * t);
     }
     return pair_grad{p, ds, dz};
-}
-
-// The dot product of two tile rows as the float32 forward kernel takes it (forward_f32.cuh):
-// a chain of FFMA over the even columns and one over the odd, then their sum, so that the
-// logits of both directions are the same bits (SPEC 9: P = exp(s - LSE) of huge logits that
-// cancel is exact only then). One thread: bitwise repeatable. With a SPEC 9 shift, x's
-// elements times 2^-shift first (exact).
-// (The loads of x and y are statements of their own: the emulation's counters tell requests
-// apart by line.)
-__device__ __forceinline__ float dot(ra_smem<float> x, ra_smem<float> y, int n, int shift)
-{
-    float even = 0.0f, odd = 0.0f;
-    for (int c = 0; c < n; c += 2) {
-        const float x0 = x[c];
-        const float y0 = y[c];
-        even = ra_fma(shift ? ldexpf(x0, -shift) : x0, y0, even);
-        if (c + 1 >= n) break;
-        const float x1 = x[c + 1];
-        const float y1 = y[c + 1];
-        odd = ra_fma(shift ? ldexpf(x1, -shift) : x1, y1, odd);
-    }
-    return even + odd;
 }
 
 } // namespace ra_bwd

@@ -69,6 +69,8 @@ __device__ __forceinline__ float ra_mul_rn(float a, float b) { return __fmul_rn(
 
 // 16 bytes, for vector loads and stores (LDS.128, STG.128).
 using ra_u32x4 = uint4;
+using ra_f32x4 = float4;
+using ra_f32x2 = float2;
 
 // D = C + A B: A 16x16 row-major, B 16x8 column-major (bf16 or f16), C and D float32, in the
 // PTX ISA's fragments (lane l, g = l >> 2, t = l & 3).
@@ -174,6 +176,12 @@ inline float ra_mul_rn(float a, float b) { return a * b; } // g++ -std=c++17 doe
 struct alignas(16) ra_u32x4 {
     uint32_t x, y, z, w;
 };
+struct alignas(16) ra_f32x4 {
+    float x, y, z, w;
+};
+struct alignas(8) ra_f32x2 {
+    float x, y;
+};
 
 inline void ra_mma_16816(bool bf16, float d[4], const uint32_t a[4], const uint32_t b[2],
                          const float c[4], RA_EMU_SITE_PARAMS)
@@ -235,3 +243,10 @@ template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep)
     ((smem) > 48 * 1024 ? (int)cudaFuncSetAttribute(                                           \
                               kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)) \
                         : 0)
+
+// A float tile as 16-byte elements (LDS.128 / STS.128; the tile and the elements taken
+// 4-float aligned).
+__device__ __forceinline__ ra_smem<ra_f32x4> ra_as_f32x4(ra_smem<float> x)
+{
+    return ra_smem<ra_f32x4>(reinterpret_cast<ra_f32x4 *>(ra_raw(x)));
+}

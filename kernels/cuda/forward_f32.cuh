@@ -4,7 +4,8 @@
 // key tile of 16 in shared memory by column parity (each a chain of FFMA in column order, the two
 // halves added: bitwise repeatable, and the same sum in both threads), then both run SPEC 4's
 // scalar update of kernels/softmax_state.h (ra__state_update's steps, unrolled over registers) on
-// their half of the D_v columns, so that acc[] fits the register file at D_v = 128 on sm_80 too.
+// their half of the D_v columns (by parity too: the pair reads two adjacent words of a V row,
+// never one bank twice), so that acc[] fits the register file at D_v = 128 on sm_80 too.
 // The segment walk, the logit and the running state across ring steps are those of the tile kernel
 // (forward_common.cuh), FULL tiles and top-k thresholds included; head dims below the tile's as
 // zero columns.
@@ -23,9 +24,9 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
     const ra_smem<float> sq = sm, sk = sq + BQ * QS, sv = sk + BK * D;
     const int h = (int)blockIdx.y, hk = h / (a.heads / a.kv_heads);
     // this block's D_v columns [v0, v0 + DV) (blockIdx.z: D_v above the tile), this thread's
-    // half of them from c0
+    // half of them: columns 2 c + half
     const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
-    const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1, c0 = half * HALF;
+    const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1;
     const bool owner = half == 0 && blockIdx.z == 0; // writes LSE
     ra_span qtile;
     int64_t qb;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         m = a.m[zat], l = a.l[zat];
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (c0 + c < dv) acc[c] = a.acc[at * a.dv + v0 + c0 + c];
+            if (2 * c + half < dv) acc[c] = a.acc[at * a.dv + v0 + 2 * c + half];
     }
     const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
     for_each_key_tile(a, (int)blockIdx.x, BK, rc.bias, tmin, [&](const key_tile &kt) {
@@ -76,10 +77,16 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         float s[BK];
         RA_UNROLL
         for (int j = 0; j < BK; ++j) s[j] = 0.0f;
-        for (int c = half; c < D; c += 2) { // this thread's columns, in order
-            const float qc = sq[row * QS + c];
+        // this thread's columns in order, Q's two of every four in one 16-byte load (a warp's
+        // 16 rows at QS = D + 4 floats apart: 2 wavefronts, its ideal)
+        const ra_smem<ra_f32x4> q4 = ra_as_f32x4(sq + row * QS);
+        for (int c = 0; c < D; c += 4) {
+            const ra_f32x4 qv = q4[c / 4];
+            const float qa = half ? qv.y : qv.x, qb = half ? qv.w : qv.z;
             RA_UNROLL
-            for (int j = 0; j < BK; ++j) s[j] = ra_fma(qc, sk[j * D + c], s[j]);
+            for (int j = 0; j < BK; ++j) s[j] = ra_fma(qa, sk[j * D + c + half], s[j]);
+            RA_UNROLL
+            for (int j = 0; j < BK; ++j) s[j] = ra_fma(qb, sk[j * D + c + 2 + half], s[j]);
         }
         RA_UNROLL
         for (int j = 0; j < BK; ++j) {
@@ -103,7 +110,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
                 if (p == 0.0f) continue; // masked keys are skipped, never multiplied
                 sum += p;
                 RA_UNROLL
-                for (int c = 0; c < HALF; ++c) acc[c] = ra_fma(p, sv[j * DV + c0 + c], acc[c]);
+                for (int c = 0; c < HALF; ++c) acc[c] = ra_fma(p, sv[j * DV + 2 * c + half], acc[c]);
             }
             l = alpha * l + sum;
         }
@@ -115,7 +122,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         if (half == 0) a.m[zat] = m, a.l[zat] = l;
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (c0 + c < dv) a.acc[at * a.dv + v0 + c0 + c] = acc[c];
+            if (2 * c + half < dv) a.acc[at * a.dv + v0 + 2 * c + half] = acc[c];
         return;
     }
     // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
@@ -124,9 +131,9 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
-        if (c0 + c < dv) {
-            ra_count_global_store(o + v0 + c0 + c, 4);
-            o[v0 + c0 + c] = acc[c] * inv;
+        if (2 * c + half < dv) {
+            ra_count_global_store(o + v0 + 2 * c + half, 4);
+            o[v0 + 2 * c + half] = acc[c] * inv;
         }
     if (owner) {
         ra_count_global_store(a.lse + at, 4);

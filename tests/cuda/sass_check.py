@@ -57,9 +57,11 @@ KNOWN = {
     ("ra_fwd_tile_kernel<false, 128, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
     ("ra_fwd_tile_kernel<false, 256, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
     ("ra_bwd_keys_kernel", "min_warps_per_sm", "sm_80"):
-        "issue 32: the tensor-core backward (108 KiB of shared memory at D = 128: one CTA on sm_80)",
+        "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
+        "D = 256: one CTA in an A100's 164 KiB)",
     ("ra_bwd_queries_kernel", "min_warps_per_sm", "sm_80"):
-        "issue 32: the tensor-core backward (108 KiB of shared memory at D = 128: one CTA on sm_80)",
+        "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
+        "D = 256: one CTA in an A100's 164 KiB)",
 }
 
 # Each architecture's SM (CUDA occupancy rules): registers, threads, CTAs, shared memory per SM
@@ -97,9 +99,12 @@ def launch_shape(name):
         return 128, (64 * (d + 4) + 16 * (d + dv)) * 4, ""
     if name.startswith("ra_bwd_prologue"):
         return 256, 0, ""
-    if name.startswith("ra_bwd"):
-        t = bwd_tile(128, 128)
-        return 128, (3 * t * 256 + 3 * t * t + t) * 4, " (D 128)"
+    m = re.match(r"ra_bwd_\w+<(\d+)>", name)
+    if m:  # the tile a template (backward_common.cuh: ra__cuda_bwd_smem), head dims at run time
+        t, d = int(m.group(1)), 128 if int(m.group(1)) == bwd_tile(128, 128) else 256
+        lp = 24 if t == 16 else t + 4  # ra__cuda_bwd_pair_ld of the key pass, the larger
+        return 128, (2 * t * (d + 4 + d + 4) + t * 2 * d + 2 * t * lp + 4 + 8 * t + t) * 4, \
+            " (D %d)" % d
     return 256, 0, ""  # the element kernels (memory.cu, merge.cu): RA_CUDA_THREADS
 
 
