@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The CUDA kernels' structure as the emulation counts it (issues 29, 31, 32): a kernel that
+passes its tests can still be slow; this check fails where the counters show it.
+
+It runs bench_local --backend cuda --counters on the emulated library (one head, T = 256, D 64,
+128 and 256, float32 and bfloat16, no mask and causal), reads one JSON line per kernel launch
+(emu/counters.h) and checks every launch against LIMITS, printing a table.
+
+usage: counters_check.py BENCH_LOCAL EMU_LIB_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SEQ = 256
+
+
+def smem_loads(k):
+    return sum(v["requests"] for name, v in k["by_kind"].items() if name.startswith("ld.shared"))
+
+
+# (kernels whose name starts with this, which runs, what must hold, why). Each limit is a
+# function of the launch's counters and the run (dtype, mask, dim) giving (value, ok); the launches without shared memory
+# accesses are left out of the first.
+LIMITS = [
+    ("ra_", lambda run: True,
+     "smem wavefronts / ideal == 1",
+     lambda k, run: (k["smem_wavefronts"] / max(1, k["smem_ideal_wavefronts"]),
+                     k["smem_wavefronts"] == k["smem_ideal_wavefronts"]),
+     "no bank conflicts anywhere: every shared access at the wavefronts its distinct words need "
+     "(the SIMT backward's 32-way conflicts were issue 29's finding)"),
+    ("ra_fwd_tile_kernel", lambda run: run[1] == "none",
+     "mma issued / useful == 1",
+     lambda k, run: (k["mma_issued"] / max(1, k["mma_useful"]), k["mma_issued"] == k["mma_useful"]),
+     "without a mask no mma runs on padding or predicated off (issue 31: a run-time dtype "
+     "doubled them)"),
+    ("ra_fwd_tile_kernel", lambda run: True,
+     "cp.async groups in flight >= 2",
+     lambda k, run: (k["max_cp_async_groups"], k["max_cp_async_groups"] >= 2),
+     "K and V double-buffered: the next tile's copies land while this one computes (issue 31)"),
+    ("ra_bwd_keys_kernel", lambda run: run[0] == "f32" and run[2] == 128,
+     "FFMA per shared load a thread >= 4",
+     lambda k, run: (k["ffma"] / max(1, 32 * smem_loads(k)), k["ffma"] >= 4 * 32 * smem_loads(k)),
+     "register-tiled: a shared load feeds several FMAs (issue 32: 2 loads per FMA before)"),
+    ("ra_bwd_queries_kernel", lambda run: run[0] == "f32" and run[2] == 128,
+     "FFMA per shared load a thread >= 4",
+     lambda k, run: (k["ffma"] / max(1, 32 * smem_loads(k)), k["ffma"] >= 4 * 32 * smem_loads(k)),
+     "register-tiled, as the key pass"),
+]
+
+
+def launches(bench, lib_dir, dtype, mask, dim):
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
+        env = dict(os.environ, LD_LIBRARY_PATH=lib_dir, RA_EMU_COUNTERS_FILE=out.name)
+        cmd = [bench, "--backend", "cuda", "--seq", str(SEQ), "--dim", str(dim), "--heads", "1",
+               "--kv-heads", "1", "--mask", mask, "--dtype", dtype, "--reps", "1", "--no-json",
+               "--no-naive", "--counters"]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode:
+            sys.exit("counters_check: %s failed (%d):\n%s%s" % (" ".join(cmd), res.returncode,
+                                                                res.stdout, res.stderr))
+        return [json.loads(line) for line in out.read().splitlines() if line.strip()]
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(__doc__)
+    bench, lib_dir = argv[1], argv[2]
+    failed, checked = [], set()
+    print("%-5s %-7s %4s  %-44s %-36s %8s" % ("dtype", "mask", "D", "kernel", "limit", "value"))
+    for dtype in ("f32", "bf16"):
+        for mask in ("none", "causal"):
+            for dim in (64, 128, 256):
+                run = (dtype, mask, dim)
+                for k in launches(bench, lib_dir, dtype, mask, dim):
+                    for prefix, applies, what, test, why in LIMITS:
+                        if not k["kernel"].startswith(prefix) or not applies(run):
+                            continue
+                        if what.startswith("smem") and not k["smem_requests"]:
+                            continue
+                        value, ok = test(k, run)
+                        checked.add((prefix, what))
+                        print("%-5s %-7s %4d  %-44s %-36s %8.3f%s" % (
+                            dtype, mask, dim, k["kernel"][:44], what, value, "" if ok else "  FAIL"))
+                        if not ok:
+                            failed.append("%s %s: %s = %.3f (%s)" % (run, k["kernel"], what, value, why))
+    # a limit that met no launch checks nothing: a renamed kernel must not pass silently
+    for prefix, _, what, _, _ in LIMITS:
+        if (prefix, what) not in checked:
+            failed.append("no launch of %s met the limit '%s'" % (prefix, what))
+    if failed:
+        print("\nFAILED:\n  " + "\n  ".join(failed))
+        return 1
+    print("\nall %d limits hold" % len(LIMITS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
