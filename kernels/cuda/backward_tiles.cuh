@@ -57,7 +57,7 @@ __device__ __forceinline__ void tile_dots(ra_smem<float> x, int ldx, const int (
     for (int r = 0; r < RI; ++r)
         RA_UNROLL
         for (int cj = 0; cj < CJ; ++cj) even[r][cj] = odd[r][cj] = 0.0f;
-    const ra_smem<ra_f32x4> x4 = ra_as_f32x4(x), y4 = ra_as_f32x4(y);
+    const ra_smem<ra_f32x4> x4 = ra_smem_as<ra_f32x4>(x), y4 = ra_smem_as<ra_f32x4>(y);
     for (int c = 0; c < n; c += 4) {
         ra_f32x4 yv[CJ];
         RA_UNROLL
@@ -93,9 +93,9 @@ __device__ __forceinline__ void store_column(const tiles &s, int j, int i0, cons
     static_assert(RI == 4 || RI == 2, "a 16- or 8-byte store");
     const int at = j * s.lp + i0; // a multiple of RI: lp and i0 are
     if constexpr (RI == 4) {
-        ra_as_f32x4(s.dzt)[at / 4] = ra_f32x4{dz[0], dz[1], dz[2], dz[3]};
+        ra_smem_as<ra_f32x4>(s.dzt)[at / 4] = ra_f32x4{dz[0], dz[1], dz[2], dz[3]};
     } else {
-        ra_smem<ra_f32x2>(reinterpret_cast<ra_f32x2 *>(ra_raw(s.dzt)))[at / 2] = ra_f32x2{dz[0], dz[1]};
+        ra_smem_as<ra_f32x2>(s.dzt)[at / 2] = ra_f32x2{dz[0], dz[1]};
     }
 }
 
@@ -192,9 +192,9 @@ __device__ __forceinline__ void key_sums(const ra_bwd_args &a, const tiles &s, i
         const bool is_v = c0 >= d;
         const int c = is_v ? c0 - d : c0, n = is_v ? dv : d;
         float sum[4][4] = {};
-        outer_sums(ra_as_f32x4(is_v ? s.p : s.dz), j0 / 4, s.lp / 4,
-                   ra_as_f32x4(is_v ? s.dout : s.q), c / 4, (is_v ? s.lv : s.lq) / 4, nq, sum);
-        add_sums(ra_as_f32x4(is_v ? s.acc1 : s.acc0), (j0 * n + c) / 4, n / 4,
+        outer_sums(ra_smem_as<ra_f32x4>(is_v ? s.p : s.dz), j0 / 4, s.lp / 4,
+                   ra_smem_as<ra_f32x4>(is_v ? s.dout : s.q), c / 4, (is_v ? s.lv : s.lq) / 4, nq, sum);
+        add_sums(ra_smem_as<ra_f32x4>(is_v ? s.acc1 : s.acc0), (j0 * n + c) / 4, n / 4,
                  is_v ? 1.0f : a.f.scale, sum);
     }
 }
@@ -209,8 +209,8 @@ __device__ __forceinline__ void query_sums(const ra_bwd_args &a, const tiles &s,
     for (int b = (int)threadIdx.x; b < T / 4 * chunks; b += THREADS) {
         const int i0 = b / chunks * 4, c0 = b % chunks * 4;
         float sum[4][4] = {};
-        outer_sums(ra_as_f32x4(s.dzt), i0 / 4, s.lp / 4, ra_as_f32x4(s.k), c0 / 4, s.lq / 4, nk, sum);
-        add_sums(ra_as_f32x4(s.acc0), (i0 * d + c0) / 4, d / 4, a.f.scale, sum);
+        outer_sums(ra_smem_as<ra_f32x4>(s.dzt), i0 / 4, s.lp / 4, ra_smem_as<ra_f32x4>(s.k), c0 / 4, s.lq / 4, nk, sum);
+        add_sums(ra_smem_as<ra_f32x4>(s.acc0), (i0 * d + c0) / 4, d / 4, a.f.scale, sum);
     }
 }
 

@@ -244,9 +244,9 @@ template <int keep> inline void ra_cp_async_wait() { ra_emu::cp_async_wait(keep)
                               kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)) \
                         : 0)
 
-// A float tile as 16-byte elements (LDS.128 / STS.128; the tile and the elements taken
-// 4-float aligned).
-__device__ __forceinline__ ra_smem<ra_f32x4> ra_as_f32x4(ra_smem<float> x)
+// A shared-memory tile seen as elements of type V (16-byte vectors for LDS.128 / STS.128, 32-bit
+// words; the tile and the offsets taken aligned to V).
+template <class V, class T> __device__ __forceinline__ ra_smem<V> ra_smem_as(ra_smem<T> x)
 {
-    return ra_smem<ra_f32x4>(reinterpret_cast<ra_f32x4 *>(ra_raw(x)));
+    return ra_smem<V>(reinterpret_cast<V *>(ra_raw(x)));
 }

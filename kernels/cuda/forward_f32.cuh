@@ -13,7 +13,6 @@
 
 #include "kernels/cuda/forward_common.cuh"
 
-
 template <int D, int DV>
 __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
 {
@@ -27,6 +26,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
     // half of them: columns 2 c + half
     const int v0 = (int)blockIdx.z * DV, dv = a.dv - v0 < DV ? a.dv - v0 : DV;
     const int row = (int)threadIdx.x >> 1, half = (int)threadIdx.x & 1;
+    auto col = [half](int c) { return 2 * c + half; }; // acc[c]'s column
     const bool owner = half == 0 && blockIdx.z == 0; // writes LSE
     ra_span qtile;
     int64_t qb;
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         m = a.m[zat], l = a.l[zat];
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (2 * c + half < dv) acc[c] = a.acc[at * a.dv + v0 + 2 * c + half];
+            if (col(c) < dv) acc[c] = a.acc[at * a.dv + v0 + col(c)];
     }
     const float tmin = a.thr_b ? block_min<ra_fwd32::THREADS / 32>(rc.tb) : INFINITY;
     for_each_key_tile(a, (int)blockIdx.x, BK, rc.bias, tmin, [&](const key_tile &kt) {
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         for (int j = 0; j < BK; ++j) s[j] = 0.0f;
         // this thread's columns in order, Q's two of every four in one 16-byte load (a warp's
         // 16 rows at QS = D + 4 floats apart: 2 wavefronts, its ideal)
-        const ra_smem<ra_f32x4> q4 = ra_as_f32x4(sq + row * QS);
+        const ra_smem<ra_f32x4> q4 = ra_smem_as<ra_f32x4>(sq + row * QS);
         for (int c = 0; c < D; c += 4) {
             const ra_f32x4 qv = q4[c / 4];
             const float qa = half ? qv.y : qv.x, qb = half ? qv.w : qv.z;
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
                 if (p == 0.0f) continue; // masked keys are skipped, never multiplied
                 sum += p;
                 RA_UNROLL
-                for (int c = 0; c < HALF; ++c) acc[c] = ra_fma(p, sv[j * DV + 2 * c + half], acc[c]);
+                for (int c = 0; c < HALF; ++c) acc[c] = ra_fma(p, sv[j * DV + col(c)], acc[c]);
             }
             l = alpha * l + sum;
         }
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         if (half == 0) a.m[zat] = m, a.l[zat] = l;
         RA_UNROLL
         for (int c = 0; c < HALF; ++c)
-            if (2 * c + half < dv) a.acc[at * a.dv + v0 + 2 * c + half] = acc[c];
+            if (col(c) < dv) a.acc[at * a.dv + v0 + col(c)] = acc[c];
         return;
     }
     // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
@@ -131,9 +131,9 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
-        if (2 * c + half < dv) {
-            ra_count_global_store(o + v0 + 2 * c + half, 4);
-            o[v0 + 2 * c + half] = acc[c] * inv;
+        if (col(c) < dv) {
+            ra_count_global_store(o + v0 + col(c), 4);
+            o[v0 + col(c)] = acc[c] * inv;
         }
     if (owner) {
         ra_count_global_store(a.lse + at, 4);

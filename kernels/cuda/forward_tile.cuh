@@ -153,7 +153,7 @@ __device__ __forceinline__ void store_state(const ra_attn_args &a, const block_a
                                             const lane_at &ln, rows_state<MT, DV> &st,
                                             ra_smem<uint16_t> so)
 {
-    const ra_smem<uint32_t> so32(reinterpret_cast<uint32_t *>(ra_raw(so)));
+    const ra_smem<uint32_t> so32 = ra_smem_as<uint32_t>(so);
     RA_UNROLL
     for (int mt = 0; mt < MT; ++mt)
         RA_UNROLL
@@ -187,7 +187,7 @@ __device__ __forceinline__ void store_state(const ra_attn_args &a, const block_a
     __syncthreads();
     uint16_t *o = static_cast<uint16_t *>(a.o) + b.v0 + b.first_row * a.o_row + (int64_t)b.h * a.o_head;
     const bool wide = ((uintptr_t)o & 15) == 0 && a.o_row % 8 == 0; // 16-byte stores
-    const ra_smem<ra_u32x4> so128(reinterpret_cast<ra_u32x4 *>(ra_raw(so)));
+    const ra_smem<ra_u32x4> so128 = ra_smem_as<ra_u32x4>(so);
     for (int c = (int)threadIdx.x; c < BQ * (DV / 8); c += (int)blockDim.x) {
         const int r = c / (DV / 8), ch = c % (DV / 8);
         if (r >= b.rows || ch * 8 >= b.dv) continue;
@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
         shift_tile(sq, BQ * D, qshift);
     }
     rows_state<MT, DV> st;
-    st.sums = ra_smem<float>(reinterpret_cast<float *>(ra_raw(sv + 2 * BK * DV)));
-    st.bounds = ra_smem<uint32_t>(reinterpret_cast<uint32_t *>(ra_raw(st.sums + MT * 2 * 128)));
+    st.sums = ra_smem_as<float>(sv + 2 * BK * DV);
+    st.bounds = ra_smem_as<uint32_t>(st.sums + MT * 2 * 128);
     float tmin = INFINITY; // with a top-k selection: the block's smallest threshold
     const float *brow = nullptr;
     {
