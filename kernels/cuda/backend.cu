@@ -65,6 +65,7 @@ void cuda_workspace_destroy(struct ra_workspace *wsp)
     if (ws->arena) cudaFree(ws->arena);
     if (ws->rows) cudaFree(ws->rows);
     if (ws->zstate) cudaFree(ws->zstate);
+    if (ws->dq_slices) cudaFree(ws->dq_slices);
     std::free(ws->keys);
     std::free(ws);
 }
@@ -86,15 +87,18 @@ tiles_at place_tiles(arena_image &img, const ra_tile_list &l)
     return at;
 }
 
-// The backward's own lists against key shard k, in its tiles (ra__cuda_bwd_tile): the query
-// pass's (query-major) and the key pass's (key-major), into the image.
+// The backward's own lists against key shard k: the query pass's (query-major, in the SIMT
+// tiles, ra__cuda_bwd_tile; the stats pass's too) and the key pass's (key-major, in the
+// tensor-core kernel's tiles where it runs), into the image.
 ringattn_status_t place_backward_tiles(arena_image &img, const ra_kernel_params *p,
                                        const ra_shard *k, tiles_at *q, tiles_at *kk)
 {
     const int t = p->keys_block;
+    const bool tc = ra__cuda_bwd_on_tensor_cores(p); // its key tiles against its query tiles
     ra_tile_list lq, lk;
     RA_TRY(ra__tile_list_make(p->window, p->delta, p->queries, 1, t, k, t, &lq));
-    ringattn_status_t st = ra__tile_list_make(p->window, p->delta, k, 0, t, p->queries, t, &lk);
+    ringattn_status_t st = ra__tile_list_make(p->window, p->delta, k, 0, tc ? RA_BWD_TC_KEYS : t,
+                                              p->queries, tc ? RA_BWD_TC_QUERIES : t, &lk);
     if (st == RINGATTN_SUCCESS) {
         try {
             *q = place_tiles(img, lq), *kk = place_tiles(img, lk);
@@ -105,6 +109,22 @@ ringattn_status_t place_backward_tiles(arena_image &img, const ra_kernel_params 
     }
     ra__tile_list_free(&lq);
     return st;
+}
+
+// The tensor-core backward's copies of dQ (backward_tc.cu: its slices, into ws), or 0: none runs.
+// At most 1 GiB of copies past the first: FlashAttention 2's deterministic split asks for
+// several times dQ's own float32 bytes at few heads.
+size_t tc_dq_bytes(const ra_kernel_params *p, const std::vector<tiles_at> &key_lists, ra_cuda_ws *ws)
+{
+    if (p->forward_only || !ra__cuda_bwd_on_tensor_cores(p) || p->queries->rows == 0) return 0;
+    int tiles = 1, sms = 132;
+    for (const tiles_at &l : key_lists) tiles = l.count > tiles ? l.count : tiles;
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) sms = prop.multiProcessorCount;
+    else cudaGetLastError(); // not sticky
+    const size_t slice = (size_t)p->num_heads * (size_t)p->queries->rows * p->head_dim * sizeof(float);
+    ws->slices = ra__cuda_bwd_tc_slices(sms, p->num_kv_heads, tiles, slice, (size_t)1 << 30);
+    return (size_t)ws->slices * slice;
 }
 
 ra_cuda_tiles device_tiles(char *base, const tiles_at &at)
@@ -160,6 +180,9 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
     if (st == RINGATTN_SUCCESS && z_bytes)
         st = ra__cuda_alloc(z_bytes, reinterpret_cast<void **>(&ws->zstate));
+    const size_t dq_bytes = tc_dq_bytes(p, o_bk, ws);
+    if (st == RINGATTN_SUCCESS && dq_bytes)
+        st = ra__cuda_alloc(dq_bytes, reinterpret_cast<void **>(&ws->dq_slices));
     if (st == RINGATTN_SUCCESS) {
         const cudaError_t e = cudaMemcpy(ws->arena, img.bytes.data(), img.bytes.size(),
                                          cudaMemcpyHostToDevice);
@@ -170,7 +193,7 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
         return st;
     }
     char *base = static_cast<char *>(ws->arena);
-    ws->bytes = img.bytes.size() + row_bytes + z_bytes;
+    ws->bytes = img.bytes.size() + row_bytes + z_bytes + dq_bytes;
     ws->delta = reinterpret_cast<const int64_t *>(base + o_delta);
     ws->alibi = p->alibi ? reinterpret_cast<const float *>(base + o_alibi) : nullptr;
     ws->absmax = reinterpret_cast<float *>(base + o_abs);
@@ -326,6 +349,12 @@ ringattn_status_t cuda_attend_backward(struct ra_workspace *wsp, const ra_kernel
     // kv heads per key-pass block: all of them when they share one bias head (H_b < H_kv), so
     // that a block owns the dBias rows of its key tile
     const int Hk = p->num_kv_heads, gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1;
+    if (ws->dq_slices) { // tensor cores: dK, dV, dBias and dQ in one pass (and dQ's sum)
+        if (keys.bwd_k.count == 0) return RINGATTN_SUCCESS; // as the SIMT passes: no launch
+        a.key_items = keys.bwd_k.count, a.slices = ws->slices, a.dq_slices = ws->dq_slices;
+        RA_CUDA_TRY((cudaError_t)ra__cuda_backward_tc(a, Hk / gb, stream), "backward launch");
+        return RINGATTN_SUCCESS;
+    }
     if (keys.bwd_k.count > 0)
         RA_CUDA_TRY((cudaError_t)ra__cuda_backward_keys(a, keys.bwd_k.count, Hk / gb, stream),
                     "backward key pass launch");

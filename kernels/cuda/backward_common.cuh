@@ -23,7 +23,21 @@ struct ra_bwd_args {
     const ra_tile_item *kitems;
     const ra_tile_run *kruns;
     int bq, bk;              // the tiles (ra__cuda_bwd_tile)
+    // the tensor-core backward (backward_tc.cuh): its key-major list's items (kitems, kruns:
+    // tiles of RA_BWD_TC_KEYS keys against RA_BWD_TC_QUERIES queries), and the slices' float32
+    // copies of dQ, [slices][H][T_q][D]
+    int key_items, slices;
+    float *dq_slices;
 };
+
+// The tensor-core backward's tiles (bf16, f16 with D, D_v <= 128): 64 keys a block, 64 queries
+// a step.
+#define RA_BWD_TC_KEYS 64
+#define RA_BWD_TC_QUERIES 64
+inline bool ra__cuda_bwd_tensor_cores(int dtype_is_f32, int d, int dv)
+{
+    return !dtype_is_f32 && d <= 128 && dv <= 128;
+}
 
 // The backward's tiles: 32 x 32 while D + D_v <= 256, else 16 x 16, so that a block's float32
 // tiles and accumulators stay below 113 KiB of shared memory at any head dim (two blocks per
@@ -141,6 +155,11 @@ int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_ro
                                const float *row_m, const float *row_l, cudaStream_t s);
 int ra__cuda_backward_keys(const ra_bwd_args &a, int key_tiles, int kv_blocks, cudaStream_t s);
 int ra__cuda_backward_queries(const ra_bwd_args &a, int query_tiles, cudaStream_t s);
+// backward_tc.cu: the tensor-core backward (dK, dV, dBias and dQ's slices, then their sum) on
+// a.slices blocks of kv_blocks; its slice count for a plan (1 to the key tiles, at most max_bytes
+// of copies).
+int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s);
+int ra__cuda_bwd_tc_slices(int sms, int kv_heads, int key_tiles, size_t slice_bytes, size_t max_bytes);
 // SPEC 9: (m, l) of the query tiles holding a row whose LSE is lossy, one ring step (a.f.first:
 // the state starts here), with the backward's own logits, so that P = exp(s - m) / l is exact.
 int ra__cuda_backward_stats(const ra_bwd_args &a, int query_tiles, cudaStream_t s);

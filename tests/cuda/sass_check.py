@@ -36,12 +36,16 @@ LIMITS = [
     ("ra_fwd_f32_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
     ("ra_bwd_keys_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
     ("ra_bwd_queries_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
+    ("ra_bwd_tc_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
 ]
 
 # The tile kernel's shapes above 82 KiB of shared memory (K and V double-buffered, the rows'
 # sums and bounds): one CTA in an A100's 164 KiB; H100/H200 (228 KiB) hold two.
 SM80_TILES = ("later: an sm_80 shape (fewer keys per tile, single-buffered V) would fit two CTAs "
               "in an A100's 164 KiB")
+
+TC_BWD_SPILLS = ("issue 32: the tensor-core backward at 255 registers spills 8-64 bytes of "
+                 "loop-invariant scalars (dK and dV take 128 registers at D = D_v = 128)")
 
 # Limits today's kernels are known to miss, by (kernel name prefix, fact, architecture), and
 # the issue that removes each.
@@ -63,6 +67,28 @@ KNOWN = {
         "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
         "D = 256: one CTA in an A100's 164 KiB)",
 }
+
+# The tensor-core backward's known misses (issue 32), by instantiation <bf16, D, D_v, features>:
+# spills at 255 registers, and one CTA per SM where its shared memory exceeds half an SM's
+# (sm_80: above 82 KiB; sm_90: the feature kernel at D = D_v = 128, 115 KiB).
+TC_SPILL_FREE = {("sm_80", "false, 128, 64, false"), ("sm_90", "false, 128, 64, false"),
+                 ("sm_90", "true, 128, 64, false")}
+TC_ONE_CTA = {("sm_90", "false, 128, 128, true"), ("sm_90", "true, 128, 128, true")} | {
+    ("sm_80", "%s, %s, %s" % (b, dims, f)) for b in ("false", "true") for f in ("false", "true")
+    for dims in ("128, 128", "128, 64", "64, 128")}
+for _arch in ("sm_80", "sm_90"):
+    for _b in ("false", "true"):
+        for _dims in ("128, 128", "128, 64", "64, 128", "64, 64"):
+            for _f in ("false", "true"):
+                _args = "%s, %s, %s" % (_b, _dims, _f)
+                _name = "ra_bwd_tc_kernel<%s>" % _args
+                if (_arch, _args) not in TC_SPILL_FREE:
+                    KNOWN[(_name, "spill_insns", _arch)] = TC_BWD_SPILLS
+                    KNOWN[(_name, "local_bytes", _arch)] = TC_BWD_SPILLS
+                if (_arch, _args) in TC_ONE_CTA:
+                    KNOWN[(_name, "min_warps_per_sm", _arch)] = (
+                        "issue 32: the tensor-core backward's shared memory (K, V, Q and dO "
+                        "double-buffered; the feature kernel's rows) leaves one CTA")
 
 # Each architecture's SM (CUDA occupancy rules): registers, threads, CTAs, shared memory per SM
 # and the most one CTA may take, the register allocation unit (per warp) and the shared memory
@@ -97,6 +123,11 @@ def launch_shape(name):
     if m:
         d, dv = int(m.group(1)), int(m.group(2))
         return 128, (64 * (d + 4) + 16 * (d + dv)) * 4, ""
+    m = re.match(r"ra_bwd_tc_kernel<\w+, (\d+), (\d+), (\w+)>", name)
+    if m:  # backward_tc.cuh's layout at the default precision: K, V, Q and dO twice, dZ, rows
+        d, dv, full = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
+        return 128, (64 * (d + dv) + 2 * 64 * (d + dv) + 64 * 64) * 2 + 2 * 64 * 16 + \
+            (2 * 64 * 72 if full else 0), ""  # 72: sizeof(ra_bwd::brow)
     if name.startswith("ra_bwd_prologue"):
         return 256, 0, ""
     m = re.match(r"ra_bwd_\w+<(\d+)>", name)
