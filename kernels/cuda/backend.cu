@@ -111,10 +111,16 @@ ringattn_status_t place_backward_tiles(arena_image &img, const ra_kernel_params 
     return st;
 }
 
-// The tensor-core backward's copies of dQ (backward_tc.cu: its slices, into ws), or 0: none runs.
-// At most 1 GiB of copies past the first: FlashAttention 2's deterministic split asks for
+// One float32 copy of dQ ([H, local rows, D]) for the tensor-core backward's slices.
+size_t dq_copy_bytes(const ra_kernel_params *p)
+{
+    return (size_t)p->num_heads * (size_t)p->queries->rows * p->head_dim * sizeof(float);
+}
+
+// The tensor-core backward's slices (backward_tc.cu), or 0 where it does not run: copies of at
+// most 1 GiB in all (one at least), since FlashAttention 2's deterministic split asks for
 // several times dQ's own float32 bytes at few heads.
-size_t tc_dq_bytes(const ra_kernel_params *p, const std::vector<tiles_at> &key_lists, ra_cuda_ws *ws)
+int tc_slices(const ra_kernel_params *p, const std::vector<tiles_at> &key_lists)
 {
     if (p->forward_only || !ra__cuda_bwd_on_tensor_cores(p) || p->queries->rows == 0) return 0;
     int tiles = 1, sms = 132;
@@ -122,9 +128,7 @@ size_t tc_dq_bytes(const ra_kernel_params *p, const std::vector<tiles_at> &key_l
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) sms = prop.multiProcessorCount;
     else cudaGetLastError(); // not sticky
-    const size_t slice = (size_t)p->num_heads * (size_t)p->queries->rows * p->head_dim * sizeof(float);
-    ws->slices = ra__cuda_bwd_tc_slices(sms, p->num_kv_heads, tiles, slice, (size_t)1 << 30);
-    return (size_t)ws->slices * slice;
+    return ra__cuda_bwd_tc_slices(sms, p->num_kv_heads, tiles, dq_copy_bytes(p), (size_t)1 << 30);
 }
 
 ra_cuda_tiles device_tiles(char *base, const tiles_at &at)
@@ -180,7 +184,8 @@ ringattn_status_t cuda_workspace_create(const ra_kernel_params *p, struct ra_wor
     if (st == RINGATTN_SUCCESS) st = ra__cuda_alloc(row_bytes, reinterpret_cast<void **>(&ws->rows));
     if (st == RINGATTN_SUCCESS && z_bytes)
         st = ra__cuda_alloc(z_bytes, reinterpret_cast<void **>(&ws->zstate));
-    const size_t dq_bytes = tc_dq_bytes(p, o_bk, ws);
+    ws->slices = tc_slices(p, o_bk);
+    const size_t dq_bytes = (size_t)ws->slices * dq_copy_bytes(p);
     if (st == RINGATTN_SUCCESS && dq_bytes)
         st = ra__cuda_alloc(dq_bytes, reinterpret_cast<void **>(&ws->dq_slices));
     if (st == RINGATTN_SUCCESS) {
@@ -349,7 +354,7 @@ ringattn_status_t cuda_attend_backward(struct ra_workspace *wsp, const ra_kernel
     // kv heads per key-pass block: all of them when they share one bias head (H_b < H_kv), so
     // that a block owns the dBias rows of its key tile
     const int Hk = p->num_kv_heads, gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1;
-    if (ws->dq_slices) { // tensor cores: dK, dV, dBias and dQ in one pass (and dQ's sum)
+    if (ws->slices) { // tensor cores: dK, dV, dBias and dQ in one pass (and dQ's sum)
         if (keys.bwd_k.count == 0) return RINGATTN_SUCCESS; // as the SIMT passes: no launch
         a.key_items = keys.bwd_k.count, a.slices = ws->slices, a.dq_slices = ws->dq_slices;
         RA_CUDA_TRY((cudaError_t)ra__cuda_backward_tc(a, Hk / gb, stream), "backward launch");

@@ -1,15 +1,14 @@
 // The backward kernels' launches (backward.cuh): runtime head dims and dtype, an instantiation
 // of each kernel per tile.
 #include "kernels/cuda/backward.cuh"
+#include "kernels/cuda/cuda_backend.h"
 
 int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_row, int64_t o_head,
                                const float *row_m, const float *row_l, cudaStream_t s)
 {
-    const int64_t n = (int64_t)a.f.heads * a.f.tq, per = 256;
-    const int64_t blocks = (n + per - 1) / per;
     int st;
-    RA_LAUNCH(st, ra_bwd_prologue_kernel, dim3((unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096)),
-              dim3((unsigned)per), 0, s, a, o, o_row, o_head, row_m, row_l);
+    RA_LAUNCH(st, ra_bwd_prologue_kernel, dim3(ra__cuda_blocks_for((size_t)a.f.heads * a.f.tq)),
+              dim3(RA_CUDA_THREADS), 0, s, a, o, o_row, o_head, row_m, row_l);
     return st;
 }
 

@@ -34,10 +34,6 @@ struct ra_bwd_args {
 // a step.
 #define RA_BWD_TC_KEYS 64
 #define RA_BWD_TC_QUERIES 64
-inline bool ra__cuda_bwd_tensor_cores(int dtype_is_f32, int d, int dv)
-{
-    return !dtype_is_f32 && d <= 128 && dv <= 128;
-}
 
 // The backward's tiles: 32 x 32 while D + D_v <= 256, else 16 x 16, so that a block's float32
 // tiles and accumulators stay below 113 KiB of shared memory at any head dim (two blocks per

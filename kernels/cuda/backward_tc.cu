@@ -2,7 +2,7 @@
 // kernel for the dtype, head-dim tiles (D and D_v each in the 64 or the 128 tile) and feature
 // set, then the slices' sum.
 #include "kernels/cuda/backward_tc.cuh"
-#include "kernels/cuda/forward_launch.cuh"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace {
 
@@ -39,10 +39,9 @@ int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s)
         const dim3 grid((unsigned)a.slices, (unsigned)kv_blocks);
         st = a.f.bf16 ? launch_d<true>(a, grid, s) : launch_d<false>(a, grid, s);
     }
-    const size_t n = (size_t)a.f.heads * a.f.tq * a.f.d, blocks = (n + 255) / 256;
+    const size_t n = (size_t)a.f.heads * a.f.tq * a.f.d;
     if (st == 0)
-        RA_LAUNCH(st, ra_bwd_dq_sum_kernel, dim3((unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096)),
-                  dim3(256), 0, s, a);
+        RA_LAUNCH(st, ra_bwd_dq_sum_kernel, dim3(ra__cuda_blocks_for(n)), dim3(RA_CUDA_THREADS), 0, s, a);
     return st;
 }
 

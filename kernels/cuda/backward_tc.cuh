@@ -8,9 +8,9 @@
 //   dV += P^T dO and dK += dZ^T Q (P, dZ as A fragments from the accumulators, dO and Q by
 //   ldmatrix.trans: the forward's accumulate_pv, which rounds P and dZ to the storage dtype at
 //   SPEC 9's default level and splits them in two 16-bit parts at the high level),
-// then stores dZ (rounded, or its two parts in turn) to shared memory, and each warp adds the
-// dQ partial of 16 query rows, dZ K, to its own float32 copy of dQ: S and dP are computed once
-// (5 products, no second pass).
+// then stores dZ to shared memory (rounded; at the high level what the rounding lost in a
+// second tile), and each warp adds the dQ partial of 16 query rows, dZ K, to its slice's
+// float32 copy of dQ: S and dP are computed once (5 products, no second pass).
 //
 // dQ deterministically without atomics or blocks waiting on each other (FlashAttention 2's
 // deterministic mode): the grid is (slices, kv-head blocks); slice s walks the list's key tiles
@@ -34,20 +34,19 @@ namespace ra_bwd_tc {
 using ra_fwd::lane_at;
 using ra_fwd::swz;
 
-constexpr int BK = RA_BWD_TC_KEYS, BQ = RA_BWD_TC_QUERIES, WARPS = 4;
+constexpr int BK = RA_BWD_TC_KEYS, BQ = RA_BWD_TC_QUERIES;
 
-// Shared memory, 16-bit elements first: K [BK][D], V [BK][D_v], Q and dO [2][BQ][...] (double
+// Shared memory, in 16-bit units: K [BK][D], V [BK][D_v], Q and dO [2][BQ][...] (double
 // buffered), dZ [BQ][BK], all swizzled (forward_tile_layout.cuh); then the query tiles' row
 // values [2][BQ] (16 bytes a row), for FULL_FEATURES their rows as the SIMT backward sees
 // them [2][BQ], and at the high level what dZ's rounding lost [BQ][BK].
 template <int D, int DV, bool FULL_FEATURES> struct layout {
     static constexpr int QS = D + DV > 128 ? 32 : 64; // the query sub-tile (registers)
     static constexpr size_t K = 0, V = K + BK * D, Q = V + BK * DV, DO = Q + 2 * BQ * D,
-                            DZ = DO + 2 * BQ * DV, END16 = DZ + BQ * BK;
-    static constexpr size_t ROWS = END16 * 2, BROWS = ROWS + 2 * BQ * 16;
-    static constexpr size_t DZ_LOST = BROWS + (FULL_FEATURES ? 2 * BQ * sizeof(ra_bwd::brow) : 0);
+                            DZ = DO + 2 * BQ * DV, ROWS = DZ + BQ * BK, BROWS = ROWS + 2 * BQ * 8,
+                            DZ_LOST = BROWS + (FULL_FEATURES ? BQ * sizeof(ra_bwd::brow) : 0);
     // at SPEC 9's high level dZ's second part follows (one block per SM at D = D_v = 128 then)
-    static constexpr size_t bytes(bool split) { return DZ_LOST + (split ? BQ * BK * 2 : 0); }
+    static constexpr size_t bytes(bool split) { return 2 * (DZ_LOST + (split ? BQ * BK : 0)); }
 };
 
 // A query row's values for the plain kernel: P = 2^(z c - shift log2 e) pscale, D_i, and a
@@ -57,24 +56,6 @@ template <int D, int DV, bool FULL_FEATURES> struct layout {
 __device__ __forceinline__ ra_f32x4 row_values(const ra_bwd::brow &r, uint32_t keys)
 {
     return ra_f32x4{r.empty ? 0.0f : r.shift, r.empty ? 0.0f : r.pscale, r.d, __uint_as_float(keys)};
-}
-
-// S^T (or dP^T) of the warp's 16 keys and the tile's BQ queries: A from the key-side tile x
-// (rows of D columns), B from the query-side tile y.
-template <bool BF16, int D, int QS>
-__device__ __forceinline__ void products(ra_smem<uint16_t> x, ra_smem<uint16_t> y,
-                                         const lane_at &ln, float (&s)[1][QS / 8][4])
-{
-    RA_UNROLL
-    for (int n = 0; n < QS / 8; ++n)
-        RA_UNROLL
-        for (int c = 0; c < 4; ++c) s[0][n][c] = 0.0f;
-    RA_NO_UNROLL
-    for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t xa[1][4];
-        ra_fwd::q_fragment<D>(x, ln, ln.warp * 16, kk, xa[0]);
-        ra_fwd::scores_step<BF16, D, 1, QS>(y, ln, kk, xa, s);
-    }
 }
 
 // SPEC 7 on the warp's pairs, plain kernel: s (raw products of K shifted by 2^-qshift) becomes
@@ -177,23 +158,16 @@ __device__ __forceinline__ void add_dq(ra_smem<uint16_t> sdz, ra_smem<uint16_t> 
     constexpr int DH = D > 64 ? 32 : D;
     RA_NO_UNROLL
     for (int c0 = 0; c0 < D; c0 += DH) {
-        float acc[DH / 8][4];
+        float acc[1][DH / 8][4];
         RA_UNROLL
         for (int n = 0; n < DH / 8; ++n)
             RA_UNROLL
-            for (int c = 0; c < 4; ++c) acc[n][c] = 0.0f;
+            for (int c = 0; c < 4; ++c) acc[0][n][c] = 0.0f;
         RA_UNROLL
         for (int kk = 0; kk < BK / 16; ++kk) {
-            uint32_t za[4];
-            ra_fwd::q_fragment<BK>(sdz, ln, ln.warp * 16, kk, za);
-            RA_UNROLL
-            for (int dp = 0; dp < DH / 16; ++dp) {
-                uint32_t kb[4];
-                const int bm = ln.lane >> 3, br = ln.lane & 7;
-                ra_ldmatrix_x4(true, kb, sk + swz<D>(kk * 16 + (bm & 1) * 8 + br, c0 + dp * 16 + (bm >> 1) * 8));
-                ra_mma_16816(BF16, acc[2 * dp], za, kb, acc[2 * dp]);
-                ra_mma_16816(BF16, acc[2 * dp + 1], za, kb + 2, acc[2 * dp + 1]);
-            }
+            uint32_t za[1][4];
+            ra_fwd::q_fragment<BK>(sdz, ln, ln.warp * 16, kk, za[0]);
+            ra_fwd::pv_step<BF16, 1, D, DH>(sk, ln, kk, za, acc, c0);
         }
         RA_UNROLL
         for (int hh = 0; hh < 2; ++hh) {
@@ -205,7 +179,7 @@ __device__ __forceinline__ void add_dq(ra_smem<uint16_t> sdz, ra_smem<uint16_t> 
                 ra_f32x2 *at = reinterpret_cast<ra_f32x2 *>(dq + (int64_t)row * d + col);
                 ra_count_global_load(at, 8);
                 ra_f32x2 v = *at;
-                v.x += acc[n][2 * hh], v.y += acc[n][2 * hh + 1];
+                v.x += acc[0][n][2 * hh], v.y += acc[0][n][2 * hh + 1];
                 ra_count_global_store(at, 8);
                 *at = v;
             }
@@ -266,9 +240,9 @@ __global__ void __launch_bounds__(128, 2) ra_bwd_tc_kernel(ra_bwd_args a)
     constexpr int QS = L::QS;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     const ra_smem<uint16_t> sk = sm + L::K, sv = sm + L::V, sq = sm + L::Q, sdo = sm + L::DO,
-                            sdz = sm + L::DZ, sdz_lost = sm + L::DZ_LOST / 2;
-    const ra_smem<ra_f32x4> srows = ra_smem_as<ra_f32x4>(sm + L::END16);
-    const ra_smem<ra_bwd::brow> sbrows = ra_smem_as<ra_bwd::brow>(srows + 2 * BQ);
+                            sdz = sm + L::DZ, sdz_lost = sm + L::DZ_LOST;
+    const ra_smem<ra_f32x4> srows = ra_smem_as<ra_f32x4>(sm + L::ROWS);
+    const ra_smem<ra_bwd::brow> sbrows = ra_smem_as<ra_bwd::brow>(sm + L::BROWS);
     const ra_attn_args &f = a.f;
     const int gb = gridDim.y == 1 ? f.kv_heads : 1;
     const int qshift = ra_fwd::q_shift(f), tid = (int)threadIdx.x;
@@ -363,9 +337,12 @@ __global__ void __launch_bounds__(128, 2) ra_bwd_tc_kernel(ra_bwd_args a)
                     RA_NO_UNROLL
                     for (int q0 = 0; q0 < BQ; q0 += QS) {
                         const ra_smem<uint16_t> tq = sq + b * BQ * D + q0 * D, tdo = sdo + b * BQ * DV + q0 * DV;
+                        // S^T = K Q^T, dP^T = V dO^T: the forward's scores with the warp's 16
+                        // keys as its rows (A, read at each k-step) and the queries as its keys
                         float s[1][QS / 8][4], dp[1][QS / 8][4];
-                        products<BF16, D, QS>(sk, tq, ln, s);
-                        products<BF16, DV, QS>(sv, tdo, ln, dp);
+                        uint32_t unused[1][1][4];
+                        ra_fwd::scores<BF16, D, 1, QS, false>(sk, tq, ln, unused, s);
+                        ra_fwd::scores<BF16, DV, 1, QS, false>(sv, tdo, ln, unused, dp);
                         if (FULL_FEATURES) {
                             const key_place kp = place_of(a, item);
                             feature_grads<QS>(a, ln, sbrows + b * BQ + q0, full, kp.ks.pos, kp.ks.stride,

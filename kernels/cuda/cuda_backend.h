@@ -45,7 +45,7 @@ struct ra_cuda_ws {
     float *rows;              // [3, H, local rows]: the backward prologue's D_i, shift, scale
     float *zstate;            // [2, D_v blocks, H, local rows]: a ring's (m, l) when D_v > 128
     // the tensor-core backward (bf16, f16 with D, D_v <= 128; backward_tc.cuh): its slices'
-    // float32 copies of dQ, [slices, H, local rows, D]
+    // float32 copies of dQ, [slices, H, local rows, D]; slices 0: the SIMT passes run
     float *dq_slices;
     int slices;
 };
@@ -53,7 +53,7 @@ struct ra_cuda_ws {
 // Whether a plan's backward runs on tensor cores (backward_tc.cuh), else on the SIMT kernels.
 static inline bool ra__cuda_bwd_on_tensor_cores(const ra_kernel_params *p)
 {
-    return ra__cuda_bwd_tensor_cores(p->dtype == RINGATTN_FLOAT32, p->head_dim, p->head_dim_v);
+    return p->dtype != RINGATTN_FLOAT32 && p->head_dim <= 128 && p->head_dim_v <= 128;
 }
 
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }

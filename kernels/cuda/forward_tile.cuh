@@ -94,16 +94,18 @@ __device__ __forceinline__ void scores(ra_smem<uint16_t> sq, ra_smem<uint16_t> s
 }
 
 // acc += P V for keys [16 j, 16 j + 16) of the tile: P's A fragments pa, V as B through
-// ldmatrix.trans, each V fragment feeding every m-tile.
-template <bool BF16, int MT, int DV>
+// ldmatrix.trans, each V fragment feeding every m-tile; o holds V's N columns from c0 (all of
+// its DV unless a caller takes them in parts).
+template <bool BF16, int MT, int DV, int N = DV>
 __device__ __forceinline__ void pv_step(ra_smem<uint16_t> sv, const lane_at &ln, int j,
-                                        const uint32_t (&pa)[MT][4], float (&o)[MT][DV / 8][4])
+                                        const uint32_t (&pa)[MT][4], float (&o)[MT][N / 8][4],
+                                        int c0 = 0)
 {
     RA_UNROLL
-    for (int dp = 0; dp < DV / 16; ++dp) {
+    for (int dp = 0; dp < N / 16; ++dp) {
         uint32_t vb[4];
         const int bm = ln.lane >> 3, br = ln.lane & 7;
-        ra_ldmatrix_x4(true, vb, sv + swz<DV>(j * 16 + (bm & 1) * 8 + br, dp * 16 + (bm >> 1) * 8));
+        ra_ldmatrix_x4(true, vb, sv + swz<DV>(j * 16 + (bm & 1) * 8 + br, c0 + dp * 16 + (bm >> 1) * 8));
         RA_UNROLL
         for (int mt = 0; mt < MT; ++mt) {
             ra_mma_16816(BF16, o[mt][2 * dp], pa[mt], vb, o[mt][2 * dp]);
