@@ -49,7 +49,8 @@ DEVICES = {
 }
 # warps per SM of each kernel on sm_90 (tests/cuda/sass_check.py's table, D = 128)
 WARPS_PER_SM = {"ra_fwd_tile_kernel": 8, "ra_fwd_f32_kernel": 8, "ra_bwd_keys_kernel": 8,
-                "ra_bwd_queries_kernel": 8, "ra_bwd_stats_kernel": 8, "ra_bwd_prologue_kernel": 64}
+                "ra_bwd_queries_kernel": 8, "ra_bwd_tc_kernel": 8, "ra_bwd_stats_kernel": 8,
+                "ra_bwd_prologue_kernel": 64, "ra_bwd_dq_sum_kernel": 64}
 # measured / estimated time, per (device, pass), once a GPU has run the speed stage
 CALIBRATION = {}
 

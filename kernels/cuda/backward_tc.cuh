@@ -341,8 +341,8 @@ __global__ void __launch_bounds__(128, 2) ra_bwd_tc_kernel(ra_bwd_args a)
                         // keys as its rows (A, read at each k-step) and the queries as its keys
                         float s[1][QS / 8][4], dp[1][QS / 8][4];
                         uint32_t unused[1][1][4];
-                        ra_fwd::scores<BF16, D, 1, QS, false>(sk, tq, ln, unused, s);
-                        ra_fwd::scores<BF16, DV, 1, QS, false>(sv, tdo, ln, unused, dp);
+                        ra_fwd::scores<BF16, D, 1, QS, 0>(sk, tq, ln, unused, s);
+                        ra_fwd::scores<BF16, DV, 1, QS, 0>(sv, tdo, ln, unused, dp);
                         if (FULL_FEATURES) {
                             const key_place kp = place_of(a, item);
                             feature_grads<QS>(a, ln, sbrows + b * BQ + q0, full, kp.ks.pos, kp.ks.stride,

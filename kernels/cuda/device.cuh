@@ -28,6 +28,18 @@ __device__ __forceinline__ uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
+// A 16-bit pair (ra_pack_16x2's) as two floats: one conversion instruction each (f16's C
+// conversion in base/dtype.h is branches and registers that the P V loop cannot spare).
+__device__ __forceinline__ void ra_unpack_16x2(bool bf16, uint32_t v, float &lo, float &hi)
+{
+    if (bf16) {
+        lo = __uint_as_float(v << 16), hi = __uint_as_float(v & 0xffff0000u);
+        return;
+    }
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&v));
+    lo = f.x, hi = f.y;
+}
+
 // Shared memory as the kernels address it: a plain pointer here (the emulation's counts its
 // accesses), and dynamic shared memory as `ra_smem<type> name`, 16-byte aligned.
 template <class T> using ra_smem = T *;
@@ -147,6 +159,13 @@ inline uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
     const uint16_t a = bf16 ? ra__f32_to_bf16(lo) : ra__f32_to_f16(lo);
     const uint16_t b = bf16 ? ra__f32_to_bf16(hi) : ra__f32_to_f16(hi);
     return (uint32_t)a | ((uint32_t)b << 16);
+}
+
+inline void ra_unpack_16x2(bool bf16, uint32_t v, float &lo, float &hi)
+{
+    const uint16_t a = (uint16_t)(v & 0xffffu), b = (uint16_t)(v >> 16);
+    lo = bf16 ? ra__bf16_to_f32(a) : ra__f16_to_f32(a);
+    hi = bf16 ? ra__bf16_to_f32(b) : ra__f16_to_f32(b);
 }
 
 template <class T> using ra_smem = ::ra_emu::SharedPtr<T>;

@@ -19,11 +19,12 @@
 // forward_common.cuh's logit). SPEC 9's Q shift (decided on the device from the call's scan)
 // scales the Q tile once and folds 2^shift into c. The accumulators are rescaled only where a
 // row's max changed (exactly as SPEC 4 asks: alpha = 1). Registers go to the accumulators and S:
-// the rows' sums and mask bounds sit in shared memory, nothing calls a slow path (a call would
-// spill), and what a tile needs of the block's place is loaded when it needs it. One ring
-// step per launch: the running state (m, l, acc) is float32 in device memory between steps, m
-// in logit units, bit for bit the kernel's own; the last step writes O (through shared memory,
-// in 16-byte stores) and LSE.
+// the rows' sums and key intervals take a register each (one row's a lane), nothing calls a
+// slow path (a call would spill), and what a tile needs of the block's place is loaded when it
+// needs it; a warp whose rows have no key in a PARTIAL tile skips it. One ring step per launch:
+// the running state (m, l, acc) is float32 in device memory between steps, m in logit units,
+// bit for bit the kernel's own; the last step writes O (through shared memory, in 16-byte
+// stores) and LSE.
 #pragma once
 
 #include "kernels/cuda/forward_tile_softmax.cuh"
@@ -58,36 +59,38 @@ __device__ __forceinline__ void scores_step(ra_smem<uint16_t> sk, const lane_at 
     }
 }
 
-// S = Q K^T of the warp's rows and the tile's keys: Q's fragments from registers (QREG: qf, all
-// k-steps unrolled), or read from shared memory at each k-step of a loop kept rolled, so that
-// only one k-step's fragments take registers beside the accumulators and S.
-template <bool BF16, int D, int MT, int BK, bool QREG, int QR, int QK>
+// S = Q K^T of the warp's rows and the tile's keys, Q's fragments of the last QK k-steps from
+// registers (qf, loaded once: QK = D / 16 all of them, 1 or 0) and the others read from shared
+// memory at each k-step of a loop kept rolled, so that only one k-step's fragments take
+// registers beside the accumulators and S. In k-step order either way: S's bits do not depend
+// on QK.
+template <bool BF16, int D, int MT, int BK, int QK>
 __device__ __forceinline__ void scores(ra_smem<uint16_t> sq, ra_smem<uint16_t> sk,
-                                       const lane_at &ln, uint32_t (&qf)[QR][QK][4],
+                                       const lane_at &ln, const uint32_t (&qf)[QK > 0 ? QK : 1][MT][4],
                                        float (&s)[MT][BK / 8][4])
 {
+    static_assert(QK == 0 || QK == 1 || QK == D / 16, "Q held: all k-steps, the last or none");
     RA_UNROLL
     for (int mt = 0; mt < MT; ++mt)
         RA_UNROLL
         for (int n = 0; n < BK / 8; ++n)
             RA_UNROLL
             for (int c = 0; c < 4; ++c) s[mt][n][c] = 0.0f;
-    if (QREG) {
+    if constexpr (QK == D / 16) {
         RA_UNROLL
-        for (int kk = 0; kk < (QREG ? D / 16 : 0); ++kk) {
-            uint32_t qa[MT][4];
-            RA_UNROLL
-            for (int mt = 0; mt < MT; ++mt)
-                RA_UNROLL
-                for (int r = 0; r < 4; ++r) qa[mt][r] = qf[QREG ? mt : 0][QREG ? kk : 0][r];
-            scores_step<BF16, D, MT, BK>(sk, ln, kk, qa, s);
-        }
+        for (int kk = 0; kk < QK; ++kk) scores_step<BF16, D, MT, BK>(sk, ln, kk, qf[kk], s);
     } else {
         RA_NO_UNROLL
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t qa[MT][4];
             RA_UNROLL
-            for (int mt = 0; mt < MT; ++mt) q_fragment<D>(sq, ln, (ln.warp * MT + mt) * 16, kk, qa[mt]);
+            for (int mt = 0; mt < MT; ++mt) {
+                if (kk >= D / 16 - QK)
+                    RA_UNROLL
+                    for (int r = 0; r < 4; ++r) qa[mt][r] = qf[0][mt][r];
+                else
+                    q_fragment<D>(sq, ln, (ln.warp * MT + mt) * 16, kk, qa[mt]);
+            }
             scores_step<BF16, D, MT, BK>(sk, ln, kk, qa, s);
         }
     }
@@ -160,7 +163,7 @@ __device__ __forceinline__ void store_state(const ra_attn_args &a, const block_a
     for (int mt = 0; mt < MT; ++mt)
         RA_UNROLL
         for (int hh = 0; hh < 2; ++hh) {
-            const float l = st.sums[st.at(mt, hh)], m = st.m[mt][hh];
+            const float l = st.sum_of(ln, mt, hh), m = st.m[mt][hh]; // before any lane leaves
             const int row = tile_row<MT>(ln, mt, hh);
             const int64_t at = (int64_t)b.h * a.tq + b.first_row + row;
             if (!a.last) {
@@ -233,14 +236,7 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
                      a.q_row, 0, b.rows, BQ, a.d);
         ra_cp_async_commit();
     }
-    if (qshift) { // uniform: the whole call's inputs decide it
-        ra_cp_async_wait<0>();
-        __syncthreads();
-        shift_tile(sq, BQ * D, qshift);
-    }
     rows_state<MT, DV> st;
-    st.sums = ra_smem_as<float>(sv + 2 * BK * DV);
-    st.bounds = ra_smem_as<uint32_t>(st.sums + MT * 2 * 128);
     float tmin = INFINITY; // with a top-k selection: the block's smallest threshold
     const float *brow = nullptr;
     {
@@ -280,29 +276,40 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
                       a.v_row, kt.k0, (int)kseg.span.count, BK, a.dv - v0 < DV ? a.dv - v0 : DV);
         ra_cp_async_commit();
     };
-    uint32_t qf[S::QREG ? MT : 1][S::QREG ? D / 16 : 1][4];
     key_tile kt{};
     bool have = next_tile(kt);
     if (have) issue(kt, 0);
+    if (have) // Q landed (the first tile's K and V may still be in flight)
+        ra_cp_async_wait<2>();
+    else
+        ra_cp_async_wait<0>();
+    __syncthreads();
+    if (qshift) { // uniform: the whole call's inputs decide it
+        shift_tile(sq, BQ * D, qshift);
+        __syncthreads();
+    }
+    uint32_t qf[S::QK > 0 ? S::QK : 1][MT][4]; // Q's fragments held through the loop (tc_shape::QK)
+    {
+        const lane_at ln = this_lane();
+        RA_UNROLL
+        for (int kk = 0; kk < S::QK; ++kk)
+            RA_UNROLL
+            for (int mt = 0; mt < MT; ++mt)
+                q_fragment<D>(sq, ln, (ln.warp * MT + mt) * 16, S::QK == D / 16 ? kk : D / 16 - 1, qf[kk][mt]);
+    }
     for (int i = 0; have; ++i) {
         key_tile next{};
         const bool more = next_tile(next);
-        ra_cp_async_wait<0>(); // this tile's K and V (and Q) landed ...
+        ra_cp_async_wait<0>(); // this tile's K and V landed ...
         __syncthreads();       // ... for every thread, and the other buffers are free
         if (more) issue(next, (i + 1) & 1);
         const lane_at ln = this_lane();
-        if (S::QREG && i == 0) { // Q landed with the first tile
-            RA_UNROLL
-            for (int mt = 0; mt < MT; ++mt)
-                RA_UNROLL
-                for (int kk = 0; kk < (S::QREG ? D / 16 : 0); ++kk)
-                    q_fragment<D>(sq, ln, (ln.warp * MT + mt) * 16, kk, qf[S::QREG ? mt : 0][S::QREG ? kk : 0]);
+        if (tile_bounds<BQ, MT, BK, DV>(a, ln, kt, st)) { // before S takes its registers
+            float s[MT][BK / 8][4]; // the warp's rows x the tile's keys
+            scores<BF16, D, MT, BK, S::QK>(sq, sk + (i & 1) * BK * D, ln, qf, s);
+            softmax_update<FULL_FEATURES, BQ, MT, BK, DV>(a, ln, kt, qshift, sc, st, s);
+            accumulate_pv<BF16, MT, BK, DV>(a.split_p != 0, sv + (i & 1) * BK * DV, ln, s, st.o);
         }
-        tile_bounds<BQ, MT, BK, DV>(a, ln, kt, st); // before S takes its registers
-        float s[MT][BK / 8][4]; // the warp's rows x the tile's keys
-        scores<BF16, D, MT, BK, S::QREG>(sq, sk + (i & 1) * BK * D, ln, qf, s);
-        softmax_update<FULL_FEATURES, BQ, MT, BK, DV>(a, ln, kt, qshift, sc, st, s);
-        accumulate_pv<BF16, MT, BK, DV>(a.split_p != 0, sv + (i & 1) * BK * DV, ln, s, st.o);
         kt = next, have = more;
     }
     ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight
@@ -310,11 +317,9 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
     store_state<BF16, BQ, MT, DV>(a, this_block<BQ, DV>(a), this_lane(), st, sm);
 }
 
-// Shared memory of ra_fwd_tile_kernel<*, D, DV, FULL_FEATURES>: Q, K and V twice, the rows'
-// sums and bounds.
+// Shared memory of ra_fwd_tile_kernel<*, D, DV, FULL_FEATURES>: Q, K and V twice.
 constexpr size_t ra_fwd_tile_smem(int d, int dv, bool full_features)
 {
     return ((size_t)ra__cuda_query_tile(d, full_features) * d +
-            2 * (size_t)ra__cuda_keys_per_tile(d) * (d + dv)) * 2 +
-           ra_fwd::ra_fwd_row_state_bytes(ra__cuda_query_tile(d, full_features) / 64);
+            2 * (size_t)ra__cuda_keys_per_tile(d) * (d + dv)) * 2;
 }

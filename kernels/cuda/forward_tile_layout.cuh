@@ -12,11 +12,10 @@ template <int D, int DV, bool FULL_FEATURES> struct tc_shape {
     static constexpr int WARPS = 4;
     static constexpr int BQ = ra__cuda_query_tile(D, FULL_FEATURES), BK = ra__cuda_keys_per_tile(D);
     static constexpr int MT = BQ / (16 * WARPS); // m-tiles of 16 rows per warp
-    // Q's A fragments in registers while they fit beside the accumulators and S (D + D_v <=
-    // 128: D = 32 or 64 with D_v = 128 spill); else read from shared memory at each k-step
-    static constexpr bool QREG = D + DV <= 128;
-    static constexpr size_t SMEM = ((size_t)BQ * D + 2 * (size_t)BK * (D + DV)) * 2 +
-                                   (size_t)2 * MT * 2 * 128 * 4; // rows_state's sums, bounds
+    // k-steps of Q's A fragments held in registers: all of them while they fit beside the
+    // accumulators and S (D + D_v <= 128), else the last one (an eighth of Q's shared reads at
+    // D = 128), the others read from shared memory at each k-step
+    static constexpr int QK = D + DV <= 128 ? D / 16 : 1;
 };
 
 // The swizzled address of 16-bit element (row, col) of a tile of D columns: 16-byte chunks
@@ -59,9 +58,9 @@ __device__ __forceinline__ void shift_tile(ra_smem<uint16_t> tile, int n, int sh
 template <bool BF16> __device__ __forceinline__ uint32_t split_p(float &x0, float &x1)
 {
     const uint32_t hi = ra_pack_16x2(BF16, x0, x1);
-    const uint16_t h0 = (uint16_t)(hi & 0xffffu), h1 = (uint16_t)(hi >> 16);
-    x0 -= BF16 ? ra__bf16_to_f32(h0) : ra__f16_to_f32(h0);
-    x1 -= BF16 ? ra__bf16_to_f32(h1) : ra__f16_to_f32(h1);
+    float r0, r1;
+    ra_unpack_16x2(BF16, hi, r0, r1);
+    x0 -= r0, x1 -= r1;
     return hi;
 }
 

@@ -7,23 +7,34 @@
 
 namespace ra_fwd {
 
-// The running state of SPEC 4 of a lane's rows: the accumulators and the max (a logit) in
-// registers; the sum and a PARTIAL tile's bounds of each row in shared memory beside the tiles,
-// one word per thread and row (conflict-free). At D_v = 128 the accumulators (128 registers)
-// and S (64) leave no room for them: in registers the f16 kernels spilled on sm_90.
+// The running state of SPEC 4 of a lane's rows: the accumulators, the max (a logit) and the
+// sum, and a PARTIAL tile's key interval of each row, all in registers. A row's sum (once
+// reduced over the quad) and its interval are the same in the 4 lanes of its quad, so each lane
+// keeps one row's: lane t of a quad those of its rows (mt, hh) with 2 mt + hh = t (at most 4 rows
+// a lane), read by the others through a shuffle. At D_v = 128 the accumulators (128 registers)
+// and S (64) leave no room for 4 of each a lane, and in shared memory the sums alone were 2
+// bytes read per mma.
 template <int MT, int DV> struct rows_state {
+    static_assert(MT * 2 <= 4, "one row per lane of a quad");
     float o[MT][DV / 8][4];
     float m[MT][2];
-    ra_smem<float> sums;      // [MT][2][128]
-    ra_smem<uint32_t> bounds; // [MT][2][128]
-    __device__ __forceinline__ int at(int mt, int hh) const
+    float l;         // the sum of the row this lane keeps (keeps)
+    uint32_t bounds; // its key interval in a PARTIAL tile (keys_of_row)
+    // whether lane `ln` keeps the sum and interval of its rows (mt, hh)
+    __device__ __forceinline__ static bool keeps(const lane_at &ln, int mt, int hh)
     {
-        return (mt * 2 + hh) * 128 + (int)threadIdx.x;
+        return ln.t == mt * 2 + hh;
+    }
+    // the sum and the interval of rows (mt, hh), in every lane of the quad (all 32 lanes call)
+    __device__ __forceinline__ float sum_of(const lane_at &ln, int mt, int hh) const
+    {
+        return __shfl_sync(0xffffffffu, l, (ln.lane & ~3) | (mt * 2 + hh));
+    }
+    __device__ __forceinline__ uint32_t bounds_of(const lane_at &ln, int mt, int hh) const
+    {
+        return __shfl_sync(0xffffffffu, bounds, (ln.lane & ~3) | (mt * 2 + hh));
     }
 };
-
-// Shared memory of the rows' sums and bounds (rows_state), MT m-tiles a warp.
-constexpr size_t ra_fwd_row_state_bytes(int mt) { return (size_t)2 * mt * 2 * 128 * 4; }
 
 // The units of the scores: p = 2^(x c - m c), m c the max in log2 units; a logit is x cn.
 struct score_scale {
@@ -40,11 +51,12 @@ __device__ __forceinline__ score_scale scale_of(const ra_attn_args &a, int qshif
 }
 
 // The rows' state: carried from the previous ring step (m in logit units), or fresh. A carried
-// sum goes to the quad's first lane.
+// sum goes to the lane that keeps it.
 template <int MT, int DV>
 __device__ __forceinline__ void load_state(const ra_attn_args &a, const block_at &b,
                                            const lane_at &ln, rows_state<MT, DV> &st)
 {
+    st.l = 0.0f;
     RA_UNROLL
     for (int mt = 0; mt < MT; ++mt)
         RA_UNROLL
@@ -53,7 +65,7 @@ __device__ __forceinline__ void load_state(const ra_attn_args &a, const block_at
             const int64_t at = (int64_t)b.h * a.tq + b.first_row + row;
             const bool carried = row < b.rows && !a.first;
             st.m[mt][hh] = carried ? a.m[at + b.zstate] : -INFINITY;
-            st.sums[st.at(mt, hh)] = carried ? a.l[at + b.zstate] : 0.0f;
+            if (carried && st.keeps(ln, mt, hh)) st.l = a.l[at + b.zstate];
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
                 RA_UNROLL
@@ -86,25 +98,24 @@ __device__ __forceinline__ uint32_t keys_of_row(const ra_attn_args &a, int64_t q
     return (uint32_t)b | (uint32_t)e << 16;
 }
 
-// The bounds of the lane's rows in a PARTIAL key tile (none for a FULL one).
+// The key interval of the row this lane keeps in a PARTIAL key tile (none for a FULL one), and
+// whether any row of the warp has a key in the tile: a warp without one skips the tile, which
+// leaves its state exactly as the tile would (every p = 0: the max, the sum and the accumulators
+// unchanged) and spares its fragments' loads and mma (the diagonal tiles of a causal mask).
 template <int BQ, int MT, int BK, int DV>
-__device__ __forceinline__ void tile_bounds(const ra_attn_args &a, const lane_at &ln,
-                                            const key_tile &kt, const rows_state<MT, DV> &st)
+__device__ __forceinline__ bool tile_bounds(const ra_attn_args &a, const lane_at &ln,
+                                            const key_tile &kt, rows_state<MT, DV> &st)
 {
-    if (kt.full) return;
+    if (kt.full) return true;
     ra_span qt;
     int64_t first_row;
     query_tile(a, (int)blockIdx.x, BQ, &qt, &first_row);
     const ra_segment kseg = a.ksegs[kt.seg];
     const ra_span ks = ra__segment_tile(&kseg, kt.k0, BK);
-    const int64_t delta = a.delta[qt.seq];
-    RA_UNROLL
-    for (int mt = 0; mt < MT; ++mt)
-        RA_UNROLL
-        for (int hh = 0; hh < 2; ++hh) {
-            const int row = tile_row<MT>(ln, mt, hh);
-            st.bounds[st.at(mt, hh)] = keys_of_row(a, qt.pos + row * qt.stride, delta, row < qt.count, ks);
-        }
+    const int row = tile_row<MT>(ln, ln.t >> 1, ln.t & 1); // (mt, hh) = (t / 2, t % 2)
+    const bool kept = ln.t < MT * 2;
+    st.bounds = keys_of_row(a, qt.pos + row * qt.stride, a.delta[qt.seq], kept && row < qt.count, ks);
+    return __any_sync(0xffffffffu, (st.bounds >> 16) > (st.bounds & 0xffffu)) != 0;
 }
 
 // SPEC 3's mask and SPEC 4's guarded update of the lane's rows by one key tile: S becomes
@@ -126,7 +137,7 @@ __device__ __forceinline__ void softmax_update(const ra_attn_args &a, const lane
         for (int mt = 0; mt < MT; ++mt)
             RA_UNROLL
             for (int hh = 0; hh < 2; ++hh) {
-                const uint32_t bounds = st.bounds[st.at(mt, hh)];
+                const uint32_t bounds = st.bounds_of(ln, mt, hh);
                 const int lo = (int)(bounds & 0xffffu), end = (int)(bounds >> 16);
                 RA_UNROLL
                 for (int n = 0; n < BK / 8; ++n)
@@ -156,7 +167,7 @@ __device__ __forceinline__ void softmax_update(const ra_attn_args &a, const lane
                 rc = make_row(a, (int)blockIdx.y, first_row + row, qt.pos + row * qt.stride, delta,
                               row < qt.count, qshift);
             }
-            const uint32_t bounds = FULL_FEATURES && masked ? (uint32_t)st.bounds[st.at(mt, hh)] : 0u;
+            const uint32_t bounds = FULL_FEATURES && masked ? st.bounds_of(ln, mt, hh) : 0u;
             const int lo = (int)(bounds & 0xffffu), end = (int)(bounds >> 16);
             float mb = -INFINITY;
             RA_UNROLL
@@ -214,7 +225,7 @@ __device__ __forceinline__ void softmax_update(const ra_attn_args &a, const lane
                     for (int cc = 0; cc < 2; ++cc) st.o[mt][n][2 * hh + cc] *= alpha;
                 st.m[mt][hh] = mn;
             }
-            st.sums[st.at(mt, hh)] = alpha * (float)st.sums[st.at(mt, hh)] + sum;
+            if (st.keeps(ln, mt, hh)) st.l = alpha * st.l + sum;
         }
 }
 

@@ -3,8 +3,9 @@
 passes its tests can still be slow; this check fails where the counters show it.
 
 It runs bench_local --backend cuda --counters on the emulated library (one head, T = 256, D 64,
-128 and 256, float32 and bfloat16, no mask and causal), reads one JSON line per kernel launch
-(emu/counters.h) and checks every launch against LIMITS, printing a table.
+128 and 256, float32 and bfloat16, no mask and causal; and the issues' shape, bfloat16, D = 128,
+T = 2048, where per-tile costs are amortised as in a long sequence), reads one JSON line per
+kernel launch (emu/counters.h) and checks every launch against LIMITS, printing a table.
 
 usage: counters_check.py BENCH_LOCAL EMU_LIB_DIR
 """
@@ -15,6 +16,7 @@ import sys
 import tempfile
 
 SEQ = 256
+LONG = ("bf16", 2048)  # the issues' figures: bfloat16, D = D_v = 128, T = 2048
 
 
 def smem_loads(k):
@@ -22,8 +24,8 @@ def smem_loads(k):
 
 
 # (kernels whose name starts with this (or each of these), which runs, what must hold, why). Each limit is a
-# function of the launch's counters and the run (dtype, mask, dim) giving (value, ok); the launches without shared memory
-# accesses are left out of the first.
+# function of the launch's counters and the run (dtype, mask, dim, seq) giving (value, ok); the launches without
+# shared memory accesses are left out of the first.
 LIMITS = [
     ("ra_", lambda run: True,
      "smem wavefronts / ideal == 1",
@@ -40,6 +42,18 @@ LIMITS = [
      "cp.async groups in flight >= 2",
      lambda k, run: (k["max_cp_async_groups"], k["max_cp_async_groups"] >= 2),
      "K and V double-buffered: the next tile's copies land while this one computes (issue 31)"),
+    ("ra_fwd_tile_kernel", lambda run: run[3] == LONG[1],
+     "smem bytes read / useful mma <= 160",
+     lambda k, run: (k["smem_bytes_read"] / max(1, k["mma_useful"]),
+                     k["smem_bytes_read"] <= 160 * k["mma_useful"]),
+     "FA2's structure: each K and V fragment feeds 2 m-tiles (128 B/mma), Q re-read from shared "
+     "memory at D = 128 but for the k-step held in registers, the rows' state in registers "
+     "(issue 31)"),
+    ("ra_bwd_tc_kernel", lambda run: run[3] == LONG[1],
+     "mma issued / useful <= 1.25",
+     lambda k, run: (k["mma_issued"] / max(1, k["mma_useful"]),
+                     4 * k["mma_issued"] <= 5 * k["mma_useful"]),
+     "the 5 products once each, masked tiles' all-zero blocks at most a quarter more (issue 32)"),
     (("ra_bwd_keys_kernel", "ra_bwd_queries_kernel"), lambda run: run[0] == "f32" and run[2] == 128,
      "FFMA per shared load a thread >= 4",
      lambda k, run: (k["ffma"] / max(1, 32 * smem_loads(k)), k["ffma"] >= 4 * 32 * smem_loads(k)),
@@ -47,10 +61,10 @@ LIMITS = [
 ]
 
 
-def launches(bench, lib_dir, dtype, mask, dim):
+def launches(bench, lib_dir, dtype, mask, dim, seq):
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
         env = dict(os.environ, LD_LIBRARY_PATH=lib_dir, RA_EMU_COUNTERS_FILE=out.name)
-        cmd = [bench, "--backend", "cuda", "--seq", str(SEQ), "--dim", str(dim), "--heads", "1",
+        cmd = [bench, "--backend", "cuda", "--seq", str(seq), "--dim", str(dim), "--heads", "1",
                "--kv-heads", "1", "--mask", mask, "--dtype", dtype, "--reps", "1", "--no-json",
                "--no-naive", "--counters"]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -65,23 +79,23 @@ def main(argv):
         sys.exit(__doc__)
     bench, lib_dir = argv[1], argv[2]
     failed, checked = [], set()
-    print("%-5s %-7s %4s  %-44s %-36s %8s" % ("dtype", "mask", "D", "kernel", "limit", "value"))
-    for dtype in ("f32", "bf16"):
-        for mask in ("none", "causal"):
-            for dim in (64, 128, 256):
-                run = (dtype, mask, dim)
-                for k in launches(bench, lib_dir, dtype, mask, dim):
-                    for prefix, applies, what, test, why in LIMITS:
-                        if not k["kernel"].startswith(prefix) or not applies(run):
-                            continue
-                        if what.startswith("smem") and not k["smem_requests"]:
-                            continue
-                        value, ok = test(k, run)
-                        checked.add((k["kernel"].split("<")[0], what))
-                        print("%-5s %-7s %4d  %-44s %-36s %8.3f%s" % (
-                            dtype, mask, dim, k["kernel"][:44], what, value, "" if ok else "  FAIL"))
-                        if not ok:
-                            failed.append("%s %s: %s = %.3f (%s)" % (run, k["kernel"], what, value, why))
+    runs = [(dtype, mask, dim, SEQ) for dtype in ("f32", "bf16") for mask in ("none", "causal")
+            for dim in (64, 128, 256)]
+    runs += [(LONG[0], mask, 128, LONG[1]) for mask in ("none", "causal")]
+    print("%-5s %-7s %4s %5s  %-44s %-36s %8s" % ("dtype", "mask", "D", "T", "kernel", "limit", "value"))
+    for run in runs:
+        for k in launches(bench, lib_dir, *run):
+            for prefix, applies, what, test, why in LIMITS:
+                if not k["kernel"].startswith(prefix) or not applies(run):
+                    continue
+                if what.startswith("smem") and not k["smem_requests"]:
+                    continue
+                value, ok = test(k, run)
+                checked.add((k["kernel"].split("<")[0], what))
+                print("%-5s %-7s %4d %5d  %-44s %-36s %8.3f%s" % (
+                    run + (k["kernel"][:44], what, value, "" if ok else "  FAIL")))
+                if not ok:
+                    failed.append("%s %s: %s = %.3f (%s)" % (run, k["kernel"], what, value, why))
     # a limit that met no launch checks nothing: a renamed kernel must not pass silently
     for prefixes, _, what, _, _ in LIMITS:
         for prefix in (prefixes if isinstance(prefixes, tuple) else (prefixes,)):

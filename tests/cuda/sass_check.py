@@ -39,8 +39,8 @@ LIMITS = [
     ("ra_bwd_tc_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
 ]
 
-# The tile kernel's shapes above 82 KiB of shared memory (K and V double-buffered, the rows'
-# sums and bounds): one CTA in an A100's 164 KiB; H100/H200 (228 KiB) hold two.
+# The tile kernel's shapes above 82 KiB of shared memory (Q, and K and V double-buffered: 96 KiB
+# at D = D_v = 128): one CTA in an A100's 164 KiB; H100/H200 (228 KiB) hold two.
 SM80_TILES = ("later: an sm_80 shape (fewer keys per tile, single-buffered V) would fit two CTAs "
               "in an A100's 164 KiB")
 
@@ -52,14 +52,8 @@ TC_BWD_SPILLS = ("issue 32: the tensor-core backward at 255 registers spills 8-1
 KNOWN = {
     ("ra_fwd_f32_kernel<256", "min_warps_per_sm", "sm_80"):
         "later: the float32 kernel's Q tile at D = 256 (64 x 260 floats) leaves one CTA on sm_80",
-    ("ra_fwd_tile_kernel<true, 96, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<true, 128, 64, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<true, 128, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<true, 256, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<false, 96, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<false, 128, 64, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<false, 128, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<false, 256, 128", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<true, 128, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
+    ("ra_fwd_tile_kernel<false, 128, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
     ("ra_bwd_keys_kernel", "min_warps_per_sm", "sm_80"):
         "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
         "D = 256: one CTA in an A100's 164 KiB)",
@@ -71,8 +65,9 @@ KNOWN = {
 # The tensor-core backward's known misses (issue 32), by instantiation <bf16, D, D_v, features>:
 # spills at 255 registers, and one CTA per SM where its shared memory exceeds half an SM's
 # (sm_80: above 82 KiB; sm_90: the feature kernel at D = D_v = 128, 115 KiB).
-TC_SPILL_FREE = {("sm_80", "false, 128, 64, false"), ("sm_90", "false, 128, 64, false"),
-                 ("sm_90", "true, 128, 64, false")}
+TC_SPILL_FREE = {("sm_80", "false, 128, 64, false"), ("sm_80", "false, 64, 128, false"),
+                 ("sm_90", "false, 128, 64, false"), ("sm_90", "false, 64, 128, false"),
+                 ("sm_90", "false, 64, 64, false"), ("sm_90", "true, 128, 64, false")}
 TC_ONE_CTA = {("sm_90", "false, 128, 128, true"), ("sm_90", "true, 128, 128, true")} | {
     ("sm_80", "%s, %s, %s" % (b, dims, f)) for b in ("false", "true") for f in ("false", "true")
     for dims in ("128, 128", "128, 64", "64, 128")}
@@ -115,10 +110,10 @@ def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
 # for the backward (head dims at run time), at D = D_v = 128.
 def launch_shape(name):
     m = re.match(r"ra_fwd_tile_kernel<\w+, (\d+), (\d+), (\w+)>", name)
-    if m:  # Q, K and V double-buffered, the rows' sums and bounds (forward_tile.cuh)
+    if m:  # Q, K and V double-buffered (forward_tile.cuh)
         d, dv, full = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
         bq = tile_queries(d, full)
-        return 128, (bq * d + 2 * tile_keys(d) * (d + dv)) * 2 + 2 * (bq // 64) * 2 * 128 * 4, ""
+        return 128, (bq * d + 2 * tile_keys(d) * (d + dv)) * 2, ""
     m = re.match(r"ra_fwd_f32_kernel<(\d+), (\d+)>", name)
     if m:
         d, dv = int(m.group(1)), int(m.group(2))
