@@ -312,8 +312,7 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
         }
         kt = next, have = more;
     }
-    ra_cp_async_wait<0>(); // a tile that met no key tile still has Q's copies in flight
-    __syncthreads();       // the epilogue reuses the shared memory
+    __syncthreads(); // the epilogue reuses the shared memory (every copy was waited for)
     store_state<BF16, BQ, MT, DV>(a, this_block<BQ, DV>(a), this_lane(), st, sm);
 }
 
