@@ -7,7 +7,7 @@ int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_ro
                                const float *row_m, const float *row_l, cudaStream_t s)
 {
     int st;
-    RA_LAUNCH(st, ra_bwd_prologue_kernel, dim3(ra__cuda_blocks_for((size_t)a.f.heads * a.f.tq)),
+    RA_LAUNCH(st, ra_bwd_prologue_kernel, dim3(ra__cuda_blocks_for((size_t)a.f.tq), (unsigned)a.f.heads),
               dim3(RA_CUDA_THREADS), 0, s, a, o, o_row, o_head, row_m, row_l);
     return st;
 }

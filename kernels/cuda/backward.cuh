@@ -55,15 +55,16 @@ __device__ __forceinline__ void load_keys(const ra_bwd_args &a, const tiles &s, 
 
 } // namespace ra_bwd
 
-// Prologue (SPEC 7, 9): one thread per (head, local row), grid-stride.
+// Prologue (SPEC 7, 9): one thread per (head, local row); grid (blocks over the rows,
+// grid-stride; heads), so that no 64-bit division (a call, and spills around it) finds them.
 __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, const void *o,
                                                               int64_t o_row, int64_t o_head,
                                                               const float *row_m, const float *row_l)
 {
-    const int64_t n = (int64_t)a.f.heads * a.f.tq;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t h = i / a.f.tq, r = i % a.f.tq;
+    const int64_t h = blockIdx.y;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < a.f.tq;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = h * a.f.tq + r;
         float d = 0.0f;
         for (int c = 0; c < a.f.dv; ++c)
             d = ra_fma(ra_bwd::load(a.dout, r * a.do_row + h * a.do_head + c, a.dtype),

@@ -69,7 +69,7 @@ __device__ __forceinline__ float load(const void *p, int64_t i, int dt)
     }
     const uint16_t h = static_cast<const uint16_t *>(p)[i];
     ra_count_global_load(static_cast<const uint16_t *>(p) + i, 2);
-    return dt == 1 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h);
+    return ra_unpack_16(dt == 1, h);
 }
 
 // A gradient element: added to a float32 sum, or stored in the storage dtype.

@@ -40,6 +40,12 @@ __device__ __forceinline__ void ra_unpack_16x2(bool bf16, uint32_t v, float &lo,
     lo = f.x, hi = f.y;
 }
 
+// One 16-bit value (bf16 or f16) as a float: one conversion instruction, as ra_unpack_16x2.
+__device__ __forceinline__ float ra_unpack_16(bool bf16, uint16_t h)
+{
+    return bf16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
+}
+
 // Shared memory as the kernels address it: a plain pointer here (the emulation's counts its
 // accesses), and dynamic shared memory as `ra_smem<type> name`, 16-byte aligned.
 template <class T> using ra_smem = T *;
@@ -167,6 +173,8 @@ inline void ra_unpack_16x2(bool bf16, uint32_t v, float &lo, float &hi)
     lo = bf16 ? ra__bf16_to_f32(a) : ra__f16_to_f32(a);
     hi = bf16 ? ra__bf16_to_f32(b) : ra__f16_to_f32(b);
 }
+
+inline float ra_unpack_16(bool bf16, uint16_t h) { return bf16 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h); }
 
 template <class T> using ra_smem = ::ra_emu::SharedPtr<T>;
 #define RA_DYNAMIC_SMEM(type, name) \

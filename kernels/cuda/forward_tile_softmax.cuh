@@ -20,19 +20,30 @@ template <int MT, int DV> struct rows_state {
     float m[MT][2];
     float l;         // the sum of the row this lane keeps (keeps)
     uint32_t bounds; // its key interval in a PARTIAL tile (keys_of_row)
-    // whether lane `ln` keeps the sum and interval of its rows (mt, hh)
+    // the lane of a quad that keeps the sum and interval of rows (mt, hh), and the rows a lane
+    // keeps (its index t = 2 mt + hh; lanes t >= 2 MT keep none)
+    __device__ __forceinline__ static int keeper(int mt, int hh) { return mt * 2 + hh; }
     __device__ __forceinline__ static bool keeps(const lane_at &ln, int mt, int hh)
     {
-        return ln.t == mt * 2 + hh;
+        return ln.t == keeper(mt, hh);
+    }
+    __device__ __forceinline__ static int kept_row(const lane_at &ln)
+    {
+        return tile_row<MT>(ln, ln.t >> 1, ln.t & 1);
     }
     // the sum and the interval of rows (mt, hh), in every lane of the quad (all 32 lanes call)
     __device__ __forceinline__ float sum_of(const lane_at &ln, int mt, int hh) const
     {
-        return __shfl_sync(0xffffffffu, l, (ln.lane & ~3) | (mt * 2 + hh));
+        return from_keeper(ln, l, mt, hh);
     }
     __device__ __forceinline__ uint32_t bounds_of(const lane_at &ln, int mt, int hh) const
     {
-        return __shfl_sync(0xffffffffu, bounds, (ln.lane & ~3) | (mt * 2 + hh));
+        return from_keeper(ln, bounds, mt, hh);
+    }
+    template <class T>
+    __device__ __forceinline__ static T from_keeper(const lane_at &ln, T kept, int mt, int hh)
+    {
+        return __shfl_sync(0xffffffffu, kept, (ln.lane & ~3) | keeper(mt, hh));
     }
 };
 
@@ -112,7 +123,7 @@ __device__ __forceinline__ bool tile_bounds(const ra_attn_args &a, const lane_at
     query_tile(a, (int)blockIdx.x, BQ, &qt, &first_row);
     const ra_segment kseg = a.ksegs[kt.seg];
     const ra_span ks = ra__segment_tile(&kseg, kt.k0, BK);
-    const int row = tile_row<MT>(ln, ln.t >> 1, ln.t & 1); // (mt, hh) = (t / 2, t % 2)
+    const int row = st.kept_row(ln);
     const bool kept = ln.t < MT * 2;
     st.bounds = keys_of_row(a, qt.pos + row * qt.stride, a.delta[qt.seq], kept && row < qt.count, ks);
     return __any_sync(0xffffffffu, (st.bounds >> 16) > (st.bounds & 0xffffu)) != 0;
