@@ -145,6 +145,14 @@ int launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>
 const char *last_error();
 constexpr size_t max_dynamic_smem = 227 * 1024; // an H100/H200 block's opt-in limit
 
+// The device the fake runtime reports (RA_EMU_DEVICE: "a100", else an H200), read once.
+struct DeviceModel {
+    const char *name;
+    int major, minor, sms;
+    size_t global_bytes, l2_bytes, smem_per_sm, smem_optin;
+};
+const DeviceModel &device_model();
+
 } // namespace ra_emu
 
 #include "emu/fake_runtime.h"

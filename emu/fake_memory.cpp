@@ -1,6 +1,7 @@
 // The fake CUDA runtime's memory and devices (fake_runtime.h): device memory is host memory
-// this file allocated, on one of two devices of one kind, so that a plan on another device than
-// the caller's current one is testable (streams and launches are shared: one executor).
+// this file allocated, on one of two devices of one kind (RA_EMU_DEVICE), so that a plan on
+// another device than the caller's current one is testable (streams and launches are shared:
+// one executor).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -114,13 +115,40 @@ cudaError_t cudaSetDevice(int d)
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
     if (!p || device < 0 || device >= device_count) return note(cudaErrorInvalidValue);
+    const ra_emu::DeviceModel &m = ra_emu::device_model();
     *p = cudaDeviceProp{};
-    std::snprintf(p->name, sizeof p->name, "NVIDIA H200 (ringattn SIMT emulation)");
-    p->totalGlobalMem = (size_t)141 << 30;
+    std::snprintf(p->name, sizeof p->name, "%s (ringattn SIMT emulation)", m.name);
+    p->totalGlobalMem = m.global_bytes;
     p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = ra_emu::max_dynamic_smem;
-    p->l2CacheSize = 50 << 20;
-    p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32;
+    p->sharedMemPerBlockOptin = m.smem_optin;
+    p->sharedMemPerMultiprocessor = m.smem_per_sm;
+    p->l2CacheSize = m.l2_bytes;
+    p->major = m.major, p->minor = m.minor, p->multiProcessorCount = m.sms, p->warpSize = 32;
     p->maxThreadsPerBlock = 1024, p->regsPerBlock = 65536;
     return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device)
+{
+    if (!value || device < 0 || device >= device_count) return note(cudaErrorInvalidValue);
+    const ra_emu::DeviceModel &m = ra_emu::device_model();
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = m.sms; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)m.smem_optin; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = (int)m.smem_per_sm; return cudaSuccess;
+    }
+    return note(cudaErrorInvalidValue);
+}
+
+const ra_emu::DeviceModel &ra_emu::device_model()
+{
+    static const DeviceModel h200{"NVIDIA H200", 9, 0, 132, (size_t)141 << 30, 50 << 20, 228 * 1024,
+                                  max_dynamic_smem};
+    static const DeviceModel a100{"NVIDIA A100-SXM4-80GB", 8, 0, 108, (size_t)80 << 30, 40 << 20,
+                                  164 * 1024, 163 * 1024};
+    static const DeviceModel *chosen = [] {
+        const char *env = std::getenv("RA_EMU_DEVICE");
+        return env && std::strcmp(env, "a100") == 0 ? &a100 : &h200;
+    }();
+    return *chosen;
 }

@@ -149,7 +149,7 @@ void set_drain_policy(Drain d, uint64_t seed)
 cudaError_t set_smem_optin(const void *kernel, int bytes)
 {
     Guard lk;
-    if (bytes < 0 || (size_t)bytes > max_dynamic_smem) return note(cudaErrorInvalidValue);
+    if (bytes < 0 || (size_t)bytes > device_model().smem_optin) return note(cudaErrorInvalidValue);
     smem_optin[kernel] = bytes;
     return cudaSuccess;
 }

@@ -42,6 +42,11 @@ struct cudaPointerAttributes {
     void *devicePointer, *hostPointer;
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr {
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+    cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81
+};
 enum cudaStreamCaptureStatus {
     cudaStreamCaptureStatusNone = 0,
     cudaStreamCaptureStatusActive = 1,
@@ -58,7 +63,8 @@ typedef struct ra_emu_event *cudaEvent_t;
 
 struct cudaDeviceProp {
     char name[256];
-    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, l2CacheSize;
+    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, sharedMemPerMultiprocessor,
+        l2CacheSize;
     int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock, regsPerBlock;
 };
 
@@ -100,7 +106,10 @@ const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaSetDevice(int d);
+// The devices are H200s, or A100s under RA_EMU_DEVICE=a100 (their SMs' shared memory and
+// count: what a launcher that sizes its kernels by the device sees).
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 // Capture as a state of the stream only (a test of a caller that captures): nothing is
 // recorded, the graph is NULL, work queued meanwhile runs as usual.

@@ -46,6 +46,15 @@ __device__ __forceinline__ float ra_unpack_16(bool bf16, uint16_t h)
     return bf16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
 }
 
+// x, hidden from the compiler's loop-invariant code motion: addresses derived from it are
+// computed where they are used (an instruction each) instead of hoisted out of the loop (a
+// register each for the whole loop, which a kernel at 255 registers spills).
+__device__ __forceinline__ int ra_opaque(int x)
+{
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // Shared memory as the kernels address it: a plain pointer here (the emulation's counts its
 // accesses), and dynamic shared memory as `ra_smem<type> name`, 16-byte aligned.
 template <class T> using ra_smem = T *;
@@ -175,6 +184,7 @@ inline void ra_unpack_16x2(bool bf16, uint32_t v, float &lo, float &hi)
 }
 
 inline float ra_unpack_16(bool bf16, uint16_t h) { return bf16 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h); }
+inline int ra_opaque(int x) { return x; }
 
 template <class T> using ra_smem = ::ra_emu::SharedPtr<T>;
 #define RA_DYNAMIC_SMEM(type, name) \

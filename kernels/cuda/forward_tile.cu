@@ -6,12 +6,24 @@
 
 namespace {
 
+// Whether two CTAs of `bytes` of shared memory fit one SM of the current device.
+bool two_ctas_fit(size_t bytes)
+{
+    int dev = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: the double-buffered kernel is then the choice
+        return true;
+    }
+    return 2 * (bytes + 1024) <= (size_t)per_sm; // 1 KiB a CTA reserved by the runtime
+}
+
 template <bool BF16, int D, int DV, bool FULL> int launch(const ra_attn_args &a, dim3 grid, cudaStream_t s)
 {
-    int st;
-    RA_LAUNCH(st, (ra_fwd_tile_kernel<BF16, D, DV, FULL>), grid, dim3(128), ra_fwd_tile_smem(D, DV, FULL),
-              s, a);
-    return st;
+    // the single-V pipeline where it makes two CTAs an SM out of one (sm_80 at D = D_v = 128)
+    const bool one_v = ra_fwd_tile_has_one_v(D, DV, FULL) && !two_ctas_fit(ra_fwd_tile_smem(D, DV, FULL, 2)) &&
+                       two_ctas_fit(ra_fwd_tile_smem(D, DV, FULL, 1));
+    return ra_fwd_tile_launch<BF16, D, DV, FULL>(a, grid, s, one_v ? 1 : 2);
 }
 
 template <bool BF16, int D> int launch_dv(const ra_attn_args &a, dim3 grid, cudaStream_t s, bool full)

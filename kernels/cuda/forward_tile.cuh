@@ -3,11 +3,11 @@
 // heaviest first) and head; 4 warps of MT m-tiles of 16 rows each, so that every K and V
 // fragment feeds MT m-tiles (MT = 2: 128 rows). Q, K, V in dynamic shared memory in 16-byte
 // chunks swizzled by `chunk ^ (row % 8)`, loaded by cp.async with zero fill; K and V
-// double-buffered: at the top of each key tile one wait and one barrier, then the next tile's K
-// and V are issued into the other buffers and land while this one computes S = Q K^T (ldmatrix +
-// mma.m16n8k16), SPEC 4's guarded update in registers (row max and sum over the quad by
-// __shfl_xor_sync 1, 2), and acc += P V with P's accumulators packed to 16 bits as the A
-// fragments and V through ldmatrix.trans.
+// double-buffered (V single-buffered where two CTAs an SM need it: VBUF): at the top of each key
+// tile one wait and one barrier, then the next tile's K and V are issued into the other buffers
+// and land while this one computes S = Q K^T (ldmatrix + mma.m16n8k16), SPEC 4's guarded
+// update in registers (row max and sum over the quad by __shfl_xor_sync 1, 2), and acc += P V
+// with P's accumulators packed to 16 bits as the A fragments and V through ldmatrix.trans.
 //
 // Compile time: the dtype and the feature set. The plain kernel (no softcap, ALiBi or key bias)
 // takes each row's max of the raw products, its max logit m (times cn = scale 2^shift) and
@@ -219,13 +219,18 @@ __device__ __forceinline__ void store_state(const ra_attn_args &a, const block_a
 // the key loop the block keeps only the accumulators, S, the rows' max and sum, and the walk's
 // place: what else a tile needs is loaded when it needs it (registers: at D = D_v = 128 the
 // accumulators and S alone are 192 of 255).
-template <bool BF16, int D, int DV, bool FULL_FEATURES>
+// VBUF: V's buffers. Two: one wait and one barrier a tile, K and V of the next tile in flight
+// through all of this one. One (FlashAttention 2's pipeline, for an A100's 164 KiB: two CTAs of
+// 80 KiB at D = D_v = 128 where two of 96 do not fit): V's copy issued at the top of its own
+// tile, in flight during S and the softmax, and a second wait and barrier before P V.
+template <bool BF16, int D, int DV, bool FULL_FEATURES, int VBUF>
 __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
 {
     using namespace ra_fwd;
     using S = tc_shape<D, DV, FULL_FEATURES>;
     constexpr int BQ = S::BQ, BK = S::BK, MT = S::MT;
     static_assert(D % 16 == 0 && D <= 256 && DV % 16 == 0 && DV <= 128, "instantiated head dims");
+    static_assert(VBUF == 1 || VBUF == 2, "V single- or double-buffered");
     RA_DYNAMIC_SMEM(uint16_t, sm);
     const ra_smem<uint16_t> sq = sm, sk = sm + BQ * D, sv = sk + 2 * BK * D;
     const int qshift = q_shift(a);
@@ -263,24 +268,28 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
             return keys.next(a, a.runs, a.ksegs, BK, [](const ra_segment &, int, int) { return true; }, kt);
         return keys.next(a, a.runs, a.ksegs, BK, kept, kt);
     };
-    // K and V of a key tile into buffer `buf`, one cp.async group each
-    auto issue = [&](const key_tile &kt, int buf) {
+    // K or V of a key tile into buffer `buf`, one cp.async group each
+    auto issue = [&](const key_tile &kt, int buf, bool k, bool v) {
         const int hk = (int)blockIdx.y / (a.heads / a.kv_heads), v0 = (int)blockIdx.z * DV;
         const ra_segment kseg = a.ksegs[kt.seg];
-        load_tile<D>(sk + buf * BK * D,
-                     static_cast<const uint16_t *>(a.k) + kseg.row * a.k_row + hk * a.k_head, a.k_row,
-                     kt.k0, (int)kseg.span.count, BK, a.d);
-        ra_cp_async_commit();
-        load_tile<DV>(sv + buf * BK * DV,
-                      static_cast<const uint16_t *>(a.v) + kseg.row * a.v_row + hk * a.v_head + v0,
-                      a.v_row, kt.k0, (int)kseg.span.count, BK, a.dv - v0 < DV ? a.dv - v0 : DV);
-        ra_cp_async_commit();
+        if (k) {
+            load_tile<D>(sk + buf * BK * D,
+                         static_cast<const uint16_t *>(a.k) + kseg.row * a.k_row + hk * a.k_head, a.k_row,
+                         kt.k0, (int)kseg.span.count, BK, a.d);
+            ra_cp_async_commit();
+        }
+        if (v) {
+            load_tile<DV>(sv + buf * (VBUF - 1) * BK * DV,
+                          static_cast<const uint16_t *>(a.v) + kseg.row * a.v_row + hk * a.v_head + v0,
+                          a.v_row, kt.k0, (int)kseg.span.count, BK, a.dv - v0 < DV ? a.dv - v0 : DV);
+            ra_cp_async_commit();
+        }
     };
     key_tile kt{};
     bool have = next_tile(kt);
-    if (have) issue(kt, 0);
+    if (have) issue(kt, 0, true, VBUF == 2);
     if (have) // Q landed (the first tile's K and V may still be in flight)
-        ra_cp_async_wait<2>();
+        ra_cp_async_wait<VBUF>();
     else
         ra_cp_async_wait<0>();
     __syncthreads();
@@ -300,15 +309,30 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
     for (int i = 0; have; ++i) {
         key_tile next{};
         const bool more = next_tile(next);
-        ra_cp_async_wait<0>(); // this tile's K and V landed ...
+        ra_cp_async_wait<0>(); // this tile's K (and V, if double-buffered) landed ...
         __syncthreads();       // ... for every thread, and the other buffers are free
-        if (more) issue(next, (i + 1) & 1);
+        if (VBUF == 1) issue(kt, 0, false, true);
+        if (more) issue(next, (i + 1) & 1, true, VBUF == 2);
+        if (VBUF == 1 && !more) ra_cp_async_commit(); // an empty group: V's is then the second-last
         const lane_at ln = this_lane();
-        if (tile_bounds<BQ, MT, BK, DV>(a, ln, kt, st)) { // before S takes its registers
-            float s[MT][BK / 8][4]; // the warp's rows x the tile's keys
+        const bool any = tile_bounds<BQ, MT, BK, DV>(a, ln, kt, st); // before S takes its registers
+        float s[MT][BK / 8][4]; // the warp's rows x the tile's keys
+        auto scores_softmax = [&] {
             scores<BF16, D, MT, BK, S::QK>(sq, sk + (i & 1) * BK * D, ln, qf, s);
             softmax_update<FULL_FEATURES, BQ, MT, BK, DV>(a, ln, kt, qshift, sc, st, s);
-            accumulate_pv<BF16, MT, BK, DV>(a.split_p != 0, sv + (i & 1) * BK * DV, ln, s, st.o);
+        };
+        // V's offset hidden from the compiler with one buffer: its addresses, loop-invariant
+        // then, would be hoisted out of the loop into registers that spill
+        auto pv = [&] {
+            const int v_at = VBUF == 2 ? (i & 1) * BK * DV : ra_opaque(0);
+            accumulate_pv<BF16, MT, BK, DV>(a.split_p != 0, sv + v_at, ln, s, st.o);
+        };
+        if (VBUF == 2 && any) scores_softmax(), pv();
+        if (VBUF == 1) { // the warps that skip the tile still meet the barrier
+            if (any) scores_softmax();
+            ra_cp_async_wait<1>(); // V landed (the next K may be in flight) ...
+            __syncthreads();       // ... for every thread
+            if (any) pv();
         }
         kt = next, have = more;
     }
@@ -316,9 +340,33 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
     store_state<BF16, BQ, MT, DV>(a, this_block<BQ, DV>(a), this_lane(), st, sm);
 }
 
-// Shared memory of ra_fwd_tile_kernel<*, D, DV, FULL_FEATURES>: Q, K and V twice.
-constexpr size_t ra_fwd_tile_smem(int d, int dv, bool full_features)
+// Shared memory of ra_fwd_tile_kernel<*, D, DV, FULL_FEATURES, VBUF>: Q, K twice, V VBUF times.
+constexpr size_t ra_fwd_tile_smem(int d, int dv, bool full_features, int vbuf)
 {
     return ((size_t)ra__cuda_query_tile(d, full_features) * d +
-            2 * (size_t)ra__cuda_keys_per_tile(d) * (d + dv)) * 2;
+            (size_t)ra__cuda_keys_per_tile(d) * (2 * d + vbuf * dv)) * 2;
+}
+
+// The single-V pipeline is instantiated where an A100 needs it for two CTAs an SM: D = D_v = 128
+// plain (forward_tile.cu launches it where two double-buffered CTAs do not fit an SM).
+constexpr bool ra_fwd_tile_has_one_v(int d, int dv, bool full_features)
+{
+    return d == 128 && dv == 128 && !full_features;
+}
+
+// ra_fwd_tile_kernel<BF16, D, DV, FULL, vbuf> on stream s (vbuf 1 where that kernel exists, else
+// V double-buffered): 0 or a cudaError_t.
+template <bool BF16, int D, int DV, bool FULL>
+int ra_fwd_tile_launch(const ra_attn_args &a, dim3 grid, cudaStream_t s, int vbuf)
+{
+    int st;
+    if constexpr (ra_fwd_tile_has_one_v(D, DV, FULL))
+        if (vbuf == 1) {
+            RA_LAUNCH(st, (ra_fwd_tile_kernel<BF16, D, DV, FULL, 1>), grid, dim3(128),
+                      ra_fwd_tile_smem(D, DV, FULL, 1), s, a);
+            return st;
+        }
+    RA_LAUNCH(st, (ra_fwd_tile_kernel<BF16, D, DV, FULL, 2>), grid, dim3(128),
+              ra_fwd_tile_smem(D, DV, FULL, 2), s, a);
+    return st;
 }

@@ -4,8 +4,9 @@ passes its tests can still be slow; this check fails where the counters show it.
 
 It runs bench_local --backend cuda --counters on the emulated library (one head, T = 256, D 64,
 128 and 256, float32 and bfloat16, no mask and causal; and the issues' shape, bfloat16, D = 128,
-T = 2048, where per-tile costs are amortised as in a long sequence), reads one JSON line per
-kernel launch (emu/counters.h) and checks every launch against LIMITS, printing a table.
+T = 2048, where per-tile costs are amortised as in a long sequence; that once more on an emulated
+A100, RA_EMU_DEVICE=a100, whose forward has V single-buffered), reads one JSON line per kernel
+launch (emu/counters.h) and checks every launch against LIMITS, printing a table.
 
 usage: counters_check.py BENCH_LOCAL EMU_LIB_DIR
 """
@@ -38,6 +39,11 @@ LIMITS = [
      lambda k, run: (k["mma_issued"] / max(1, k["mma_useful"]), k["mma_issued"] == k["mma_useful"]),
      "without a mask no mma runs on padding or predicated off (issue 31: a run-time dtype "
      "doubled them; issue 32: the backward's 5 products once each)"),
+    ("ra_fwd_tile_kernel", lambda run: run[4] == "a100",
+     "A100: V single-buffered, smem <= 81 KiB",
+     lambda k, run: (k["smem"] / 1024, k["kernel"].endswith(", 1>") and k["smem"] <= 81 * 1024),
+     "two CTAs of 4 warps an SM in an A100's 164 KiB (issue 31): the launcher picks the "
+     "single-V pipeline there"),
     ("ra_fwd_tile_kernel", lambda run: True,
      "cp.async groups in flight >= 2",
      lambda k, run: (k["max_cp_async_groups"], k["max_cp_async_groups"] >= 2),
@@ -61,9 +67,10 @@ LIMITS = [
 ]
 
 
-def launches(bench, lib_dir, dtype, mask, dim, seq):
+def launches(bench, lib_dir, dtype, mask, dim, seq, device):
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
-        env = dict(os.environ, LD_LIBRARY_PATH=lib_dir, RA_EMU_COUNTERS_FILE=out.name)
+        env = dict(os.environ, LD_LIBRARY_PATH=lib_dir, RA_EMU_COUNTERS_FILE=out.name,
+                   RA_EMU_DEVICE=device)
         cmd = [bench, "--backend", "cuda", "--seq", str(seq), "--dim", str(dim), "--heads", "1",
                "--kv-heads", "1", "--mask", mask, "--dtype", dtype, "--reps", "1", "--no-json",
                "--no-naive", "--counters"]
@@ -79,10 +86,12 @@ def main(argv):
         sys.exit(__doc__)
     bench, lib_dir = argv[1], argv[2]
     failed, checked = [], set()
-    runs = [(dtype, mask, dim, SEQ) for dtype in ("f32", "bf16") for mask in ("none", "causal")
+    runs = [(dtype, mask, dim, SEQ, "h200") for dtype in ("f32", "bf16") for mask in ("none", "causal")
             for dim in (64, 128, 256)]
-    runs += [(LONG[0], mask, 128, LONG[1]) for mask in ("none", "causal")]
-    print("%-5s %-7s %4s %5s  %-44s %-36s %8s" % ("dtype", "mask", "D", "T", "kernel", "limit", "value"))
+    runs += [(LONG[0], mask, 128, LONG[1], "h200") for mask in ("none", "causal")]
+    runs += [(LONG[0], "none", 128, LONG[1], "a100")]
+    print("%-5s %-7s %4s %5s %-5s %-46s %-40s %8s" % ("dtype", "mask", "D", "T", "GPU", "kernel", "limit",
+                                                      "value"))
     for run in runs:
         for k in launches(bench, lib_dir, *run):
             for prefix, applies, what, test, why in LIMITS:
@@ -92,8 +101,8 @@ def main(argv):
                     continue
                 value, ok = test(k, run)
                 checked.add((k["kernel"].split("<")[0], what))
-                print("%-5s %-7s %4d %5d  %-44s %-36s %8.3f%s" % (
-                    run + (k["kernel"][:44], what, value, "" if ok else "  FAIL")))
+                print("%-5s %-7s %4d %5d %-5s %-46s %-40s %8.3f%s" % (
+                    run + (k["kernel"][:46], what, value, "" if ok else "  FAIL")))
                 if not ok:
                     failed.append("%s %s: %s = %.3f (%s)" % (run, k["kernel"], what, value, why))
     # a limit that met no launch checks nothing: a renamed kernel must not pass silently

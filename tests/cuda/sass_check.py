@@ -39,10 +39,14 @@ LIMITS = [
     ("ra_bwd_tc_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
 ]
 
-# The tile kernel's shapes above 82 KiB of shared memory (Q, and K and V double-buffered: 96 KiB
-# at D = D_v = 128): one CTA in an A100's 164 KiB; H100/H200 (228 KiB) hold two.
-SM80_TILES = ("later: an sm_80 shape (fewer keys per tile, single-buffered V) would fit two CTAs "
-              "in an A100's 164 KiB")
+# Kernels a launcher never runs on an architecture: their occupancy there is not theirs to meet.
+# The tile kernel with V double-buffered at D = D_v = 128 (96 KiB: one CTA in an A100's 164 KiB)
+# gives way there to its single-V instantiation (80 KiB, two CTAs): forward_tile.cu chooses by
+# the device's shared memory per SM (H100/H200's 228 KiB hold two of either).
+NOT_LAUNCHED = {
+    ("ra_fwd_tile_kernel<%s, 128, 128, false, 2>" % b, "sm_80"):
+        "an A100 runs ra_fwd_tile_kernel<%s, 128, 128, false, 1> (forward_tile.cu)" % b
+    for b in ("true", "false")}
 
 TC_BWD_SPILLS = ("issue 32: the tensor-core backward at 255 registers spills 8-112 bytes of "
                  "loop-invariant scalars (dK and dV take 128 registers at D = D_v = 128)")
@@ -52,8 +56,6 @@ TC_BWD_SPILLS = ("issue 32: the tensor-core backward at 255 registers spills 8-1
 KNOWN = {
     ("ra_fwd_f32_kernel<256", "min_warps_per_sm", "sm_80"):
         "later: the float32 kernel's Q tile at D = 256 (64 x 260 floats) leaves one CTA on sm_80",
-    ("ra_fwd_tile_kernel<true, 128, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
-    ("ra_fwd_tile_kernel<false, 128, 128, false", "min_warps_per_sm", "sm_80"): SM80_TILES,
     ("ra_bwd_keys_kernel", "min_warps_per_sm", "sm_80"):
         "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
         "D = 256: one CTA in an A100's 164 KiB)",
@@ -109,11 +111,11 @@ def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
 # What each launcher asks for (threads, dynamic shared memory), from its template arguments or,
 # for the backward (head dims at run time), at D = D_v = 128.
 def launch_shape(name):
-    m = re.match(r"ra_fwd_tile_kernel<\w+, (\d+), (\d+), (\w+)>", name)
-    if m:  # Q, K and V double-buffered (forward_tile.cuh)
-        d, dv, full = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
+    m = re.match(r"ra_fwd_tile_kernel<\w+, (\d+), (\d+), (\w+), (\d)>", name)
+    if m:  # Q, K double-buffered, V VBUF times (forward_tile.cuh: ra_fwd_tile_smem)
+        d, dv, full, vbuf = int(m.group(1)), int(m.group(2)), m.group(3) == "true", int(m.group(4))
         bq = tile_queries(d, full)
-        return 128, (bq * d + 2 * tile_keys(d) * (d + dv)) * 2, ""
+        return 128, (bq * d + tile_keys(d) * (2 * d + vbuf * dv)) * 2, ""
     m = re.match(r"ra_fwd_f32_kernel<(\d+), (\d+)>", name)
     if m:
         d, dv = int(m.group(1)), int(m.group(2))
@@ -275,6 +277,10 @@ def main(argv):
                 if prefix != "*" and not name.startswith(prefix):
                     continue
                 value = facts[what]
+                skip = NOT_LAUNCHED.get((name, arch_name)) if what.startswith("min_") else None
+                if skip:
+                    print("  not launched on %s: %s (%s = %d); %s" % (arch_name, name, what, value, skip))
+                    continue
                 ok = value >= limit if what.startswith("min_") else value <= limit
                 known = next((why_known for (p, w, a), why_known in KNOWN.items()
                               if name.startswith(p) and w == what and a in (arch_name, "*")), None)

@@ -15,7 +15,7 @@ cat > "$work/emu_test_kernels.cu" <<'CU'
 #include "kernels/cuda/forward_tile.cuh"
 #include "kernels/cuda/forward_f32.cuh"
 template __global__ void ra_fwd_f32_kernel<64, 64>(ra_attn_args);
-template __global__ void ra_fwd_tile_kernel<true, 64, 64, false>(ra_attn_args);
+template __global__ void ra_fwd_tile_kernel<true, 64, 64, false, 2>(ra_attn_args);
 CU
 for arch in sm_80 sm_90; do
     # one compilation per arch: -keep leaves its PTX (in keep_$arch/) for the grep below
