@@ -232,15 +232,15 @@ ncu_metrics() {
     metrics+=,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum
     metrics+=,sm__inst_executed_pipe_tensor_op_hmma.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum
     metrics+=,gpu__time_duration.sum
-    echo "== ncu: ra_fwd_tile_kernel and ra_bwd_keys_kernel at T 4096, H 16, D 128, bf16, causal"
+    echo "== ncu: ra_fwd_tile_kernel and ra_bwd_tc_kernel at T 4096, H 16, D 128, bf16, causal"
     RINGATTN_LIBRARY="$(ls "$lib"/libringattn.so.* | head -n 1)" ncu --clock-control none \
-        --kernel-name regex:"ra_fwd_tile_kernel|ra_bwd_keys_kernel" --launch-count 2 \
+        --kernel-name regex:"ra_fwd_tile_kernel|ra_bwd_tc_kernel" --launch-count 2 \
         --metrics "$metrics" --csv python3 "$root/bench/gpu/speed.py" --one 4096,128,causal \
         > "$out/ncu.csv"
     grep -E '"(ra_fwd|ra_bwd)' "$out/ncu.csv" | cut -d, -f5,12-14 | head -n 40
     echo "== the emulation's counters for the same kernels (recorded; bench/testdata: T 256, 512,"
     echo "   1 head: scale them by the pairs and heads of this shape to compare)"
-    grep -E '"kernel": "(ra_fwd_tile_kernel|ra_bwd_keys_kernel)"' \
+    grep -E '"kernel": "(ra_fwd_tile_kernel|ra_bwd_tc_kernel)"' \
         "$root/bench/testdata/roofline_counters.jsonl" | head -n 4
 }
 
