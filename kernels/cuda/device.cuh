@@ -176,14 +176,12 @@ inline uint32_t ra_pack_16x2(bool bf16, float lo, float hi)
     return (uint32_t)a | ((uint32_t)b << 16);
 }
 
+inline float ra_unpack_16(bool bf16, uint16_t h) { return bf16 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h); }
+
 inline void ra_unpack_16x2(bool bf16, uint32_t v, float &lo, float &hi)
 {
-    const uint16_t a = (uint16_t)(v & 0xffffu), b = (uint16_t)(v >> 16);
-    lo = bf16 ? ra__bf16_to_f32(a) : ra__f16_to_f32(a);
-    hi = bf16 ? ra__bf16_to_f32(b) : ra__f16_to_f32(b);
+    lo = ra_unpack_16(bf16, (uint16_t)(v & 0xffffu)), hi = ra_unpack_16(bf16, (uint16_t)(v >> 16));
 }
-
-inline float ra_unpack_16(bool bf16, uint16_t h) { return bf16 ? ra__bf16_to_f32(h) : ra__f16_to_f32(h); }
 inline int ra_opaque(int x) { return x; }
 
 template <class T> using ra_smem = ::ra_emu::SharedPtr<T>;

@@ -6,23 +6,28 @@
 
 namespace {
 
-// Whether two CTAs of `bytes` of shared memory fit one SM of the current device.
-bool two_ctas_fit(size_t bytes)
+// The current device's shared memory per SM, or 0 where the runtime does not say.
+int smem_per_sm()
 {
-    int dev = 0, per_sm = 0;
+    int dev = 0, bytes = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
         cudaGetLastError(); // not sticky: the double-buffered kernel is then the choice
-        return true;
+        return 0;
     }
-    return 2 * (bytes + 1024) <= (size_t)per_sm; // 1 KiB a CTA reserved by the runtime
+    return bytes;
 }
 
 template <bool BF16, int D, int DV, bool FULL> int launch(const ra_attn_args &a, dim3 grid, cudaStream_t s)
 {
-    // the single-V pipeline where it makes two CTAs an SM out of one (sm_80 at D = D_v = 128)
-    const bool one_v = ra_fwd_tile_has_one_v(D, DV, FULL) && !two_ctas_fit(ra_fwd_tile_smem(D, DV, FULL, 2)) &&
-                       two_ctas_fit(ra_fwd_tile_smem(D, DV, FULL, 1));
+    // the single-V pipeline where it makes two CTAs an SM out of one (sm_80 at D = D_v = 128);
+    // 1 KiB a CTA is reserved by the runtime
+    bool one_v = false;
+    if constexpr (ra_fwd_tile_has_one_v(D, DV, FULL)) {
+        const size_t per_sm = (size_t)smem_per_sm();
+        auto two_fit = [&](int vbuf) { return 2 * (ra_fwd_tile_smem(D, DV, FULL, vbuf) + 1024) <= per_sm; };
+        one_v = per_sm && !two_fit(2) && two_fit(1);
+    }
     return ra_fwd_tile_launch<BF16, D, DV, FULL>(a, grid, s, one_v ? 1 : 2);
 }
 

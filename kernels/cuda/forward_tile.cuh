@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(128, 2) ra_fwd_tile_kernel(ra_attn_args a)
             ra_cp_async_commit();
         }
         if (v) {
-            load_tile<DV>(sv + buf * (VBUF - 1) * BK * DV,
+            load_tile<DV>(sv + buf * BK * DV, // buf 0 with one V buffer
                           static_cast<const uint16_t *>(a.v) + kseg.row * a.v_row + hk * a.v_head + v0,
                           a.v_row, kt.k0, (int)kseg.span.count, BK, a.dv - v0 < DV ? a.dv - v0 : DV);
             ra_cp_async_commit();
