@@ -355,7 +355,8 @@ ringattn_status_t cuda_attend_backward(struct ra_workspace *wsp, const ra_kernel
     // that a block owns the dBias rows of its key tile
     const int Hk = p->num_kv_heads, gb = io->dyn.dbias && p->bias_heads < Hk ? Hk : 1;
     if (ws->slices) { // tensor cores: dK, dV, dBias and dQ in one pass (and dQ's sum)
-        if (keys.bwd_k.count == 0) return RINGATTN_SUCCESS; // as the SIMT passes: no launch
+        // no key tile: nothing to add to sums, but a stored dQ is written (zero: SPEC 7)
+        if (keys.bwd_k.count == 0 && io->accumulate) return RINGATTN_SUCCESS;
         a.key_items = keys.bwd_k.count, a.slices = ws->slices, a.dq_slices = ws->dq_slices;
         RA_CUDA_TRY((cudaError_t)ra__cuda_backward_tc(a, Hk / gb, stream), "backward launch");
         return RINGATTN_SUCCESS;

@@ -30,7 +30,7 @@ struct ra_bwd_args {
     float *dq_slices;
 };
 
-// The tensor-core backward's tiles (bf16, f16 with D, D_v <= 128): 64 keys a block, 64 queries
+// The tensor-core backward's tiles (bf16, f16 with D, D_v <= 256): 64 keys a block, 64 queries
 // a step.
 #define RA_BWD_TC_KEYS 64
 #define RA_BWD_TC_QUERIES 64
@@ -156,6 +156,9 @@ int ra__cuda_backward_queries(const ra_bwd_args &a, int query_tiles, cudaStream_
 // of copies).
 int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s);
 int ra__cuda_bwd_tc_slices(int sms, int kv_heads, int key_tiles, size_t slice_bytes, size_t max_bytes);
+// The shared memory its launch asks for on a device whose block may take optin bytes (more than
+// optin where it does not fit).
+size_t ra__cuda_bwd_tc_smem(int d, int dv, bool full, bool split, size_t optin);
 // SPEC 9: (m, l) of the query tiles holding a row whose LSE is lossy, one ring step (a.f.first:
 // the state starts here), with the backward's own logits, so that P = exp(s - m) / l is exact.
 int ra__cuda_backward_stats(const ra_bwd_args &a, int query_tiles, cudaStream_t s);

@@ -1,32 +1,65 @@
 // The tensor-core backward's launches (backward_tc.cuh): dQ's slices zeroed, the key-major
-// kernel for the dtype, head-dim tiles (D and D_v each in the 64 or the 128 tile) and feature
-// set, then the slices' sum.
+// kernel for the dtype, head-dim tiles, feature set and Q/dO buffering, then the slices' sum.
 #include "kernels/cuda/backward_tc.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace {
 
-template <bool BF16, int D, int DV, bool FULL>
-int launch(const ra_bwd_args &a, dim3 grid, cudaStream_t s)
+// The kernel's tile of a head dim: 64, 128 or 256 (zero columns below it); where either of the
+// pair takes 256, the other at least 128 (fewer instantiations).
+int tc_tile(int d, int other) { return d > 128 ? 256 : d > 64 || other > 128 ? 128 : 64; }
+
+// Q and dO double-buffered where the device's block holds them (every shape up to 128; at 256
+// an H100/H200), else single-buffered (an A100 at 256); 0 where neither fits.
+template <int D, int DV, bool FULL> int q_buffers(bool split, size_t optin)
 {
-    const size_t smem = ra_bwd_tc::layout<D, DV, FULL>::bytes(a.f.split_p != 0);
-    int st;
-    RA_LAUNCH(st, (ra_bwd_tc_kernel<BF16, D, DV, FULL>), grid, dim3(128), smem, s, a);
-    return st;
+    if (ra_bwd_tc::layout<D, DV, FULL, 2>::bytes(split) <= optin) return 2;
+    if constexpr (D > 128 || DV > 128)
+        if (ra_bwd_tc::layout<D, DV, FULL, 1>::bytes(split) <= optin) return 1;
+    return 0;
 }
 
-template <bool BF16, int D> int launch_dv(const ra_bwd_args &a, dim3 grid, cudaStream_t s)
+template <bool BF16, int D, int DV, bool FULL> struct shape {
+    static int launch(const ra_bwd_args &a, dim3 grid, cudaStream_t s, size_t optin)
+    {
+        const bool split = a.f.split_p != 0;
+        int st;
+        if constexpr (D > 128 || DV > 128)
+            if (q_buffers<D, DV, FULL>(split, optin) == 1) {
+                RA_LAUNCH(st, (ra_bwd_tc_kernel<BF16, D, DV, FULL, 1>), grid, dim3(ra_bwd_tc::THREADS),
+                          (ra_bwd_tc::layout<D, DV, FULL, 1>::bytes(split)), s, a);
+                return st;
+            }
+        RA_LAUNCH(st, (ra_bwd_tc_kernel<BF16, D, DV, FULL, 2>), grid, dim3(ra_bwd_tc::THREADS),
+                  (ra_bwd_tc::layout<D, DV, FULL, 2>::bytes(split)), s, a);
+        return st;
+    }
+    static size_t smem(bool split, size_t optin)
+    {
+        const int qbuf = q_buffers<D, DV, FULL>(split, optin);
+        return qbuf == 1 ? ra_bwd_tc::layout<D, DV, FULL, 1>::bytes(split)
+                         : ra_bwd_tc::layout<D, DV, FULL, 2>::bytes(split);
+    }
+};
+
+// f(shape<...>()) for the dtype, features and tiles of (d, dv).
+template <bool BF16, bool FULL, class F> auto by_tiles(int d, int dv, F &&f)
 {
-    const bool full = a.f.full_features != 0;
-    if (ra__cuda_tc_dv_tile(a.f.dv) == 64)
-        return full ? launch<BF16, D, 64, true>(a, grid, s) : launch<BF16, D, 64, false>(a, grid, s);
-    return full ? launch<BF16, D, 128, true>(a, grid, s) : launch<BF16, D, 128, false>(a, grid, s);
+    switch (tc_tile(d, dv) * 1000 + tc_tile(dv, d)) {
+    case 64064: return f(shape<BF16, 64, 64, FULL>());
+    case 64128: return f(shape<BF16, 64, 128, FULL>());
+    case 128064: return f(shape<BF16, 128, 64, FULL>());
+    case 128128: return f(shape<BF16, 128, 128, FULL>());
+    case 128256: return f(shape<BF16, 128, 256, FULL>());
+    case 256128: return f(shape<BF16, 256, 128, FULL>());
+    default: return f(shape<BF16, 256, 256, FULL>());
+    }
 }
 
-// D in the 64 or the 128 tile (zero columns below it): fewer instantiations to compile
-template <bool BF16> int launch_d(const ra_bwd_args &a, dim3 grid, cudaStream_t s)
+template <class F> auto by_shape(bool bf16, bool full, int d, int dv, F &&f)
 {
-    return a.f.d <= 64 ? launch_dv<BF16, 64>(a, grid, s) : launch_dv<BF16, 128>(a, grid, s);
+    if (bf16) return full ? by_tiles<true, true>(d, dv, f) : by_tiles<true, false>(d, dv, f);
+    return full ? by_tiles<false, true>(d, dv, f) : by_tiles<false, false>(d, dv, f);
 }
 
 } // namespace
@@ -37,7 +70,9 @@ int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s)
     int st = (int)cudaMemsetAsync(a.dq_slices, 0, copies, s);
     if (st == 0 && a.key_items > 0) {
         const dim3 grid((unsigned)a.slices, (unsigned)kv_blocks);
-        st = a.f.bf16 ? launch_d<true>(a, grid, s) : launch_d<false>(a, grid, s);
+        const size_t optin = (size_t)ra__cuda_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, -1);
+        st = by_shape(a.f.bf16, a.f.full_features != 0, a.f.d, a.f.dv,
+                      [&](auto sh) { return decltype(sh)::launch(a, grid, s, optin); });
     }
     const size_t n = (size_t)a.f.heads * a.f.tq * a.f.d;
     if (st == 0)
@@ -45,8 +80,14 @@ int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s)
     return st;
 }
 
+size_t ra__cuda_bwd_tc_smem(int d, int dv, bool full, bool split, size_t optin)
+{
+    return by_shape(true, full, d, dv, [&](auto sh) { return decltype(sh)::smem(split, optin); });
+}
+
 // FlashAttention 2's deterministic split: enough slices for two blocks per SM over the kv-head
-// blocks, no more than the key tiles, and copies of at most max_bytes (one slice at least).
+// blocks (two waves of the kernel's one block an SM), no more than the key tiles, and copies of
+// at most max_bytes (one slice at least).
 int ra__cuda_bwd_tc_slices(int sms, int kv_heads, int key_tiles, size_t slice_bytes, size_t max_bytes)
 {
     int n = (2 * sms + kv_heads - 1) / kv_heads;

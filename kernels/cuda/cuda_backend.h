@@ -50,11 +50,6 @@ struct ra_cuda_ws {
     int slices;
 };
 
-// Whether a plan's backward runs on tensor cores (backward_tc.cuh), else on the SIMT kernels.
-static inline bool ra__cuda_bwd_on_tensor_cores(const ra_kernel_params *p)
-{
-    return p->dtype != RINGATTN_FLOAT32 && p->head_dim <= 128 && p->head_dim_v <= 128;
-}
 
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }
 
@@ -63,6 +58,29 @@ static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda
 static inline bool ra__cuda_full_features(const ra_kernel_params *p)
 {
     return p->softcap > 0.0f || p->alibi != nullptr || p->bias_heads > 0;
+}
+
+// A device's attribute (device -1: the current one), or 0 where the runtime does not say (the
+// error cleared: not sticky).
+static inline int ra__cuda_attribute(cudaDeviceAttr attr, int device)
+{
+    int v = 0;
+    if ((device < 0 && cudaGetDevice(&device) != cudaSuccess) ||
+        cudaDeviceGetAttribute(&v, attr, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return v;
+}
+
+// Whether a plan's backward runs on tensor cores (backward_tc.cuh: bf16, f16, head dims up to
+// 256, its shared memory within the device's block), else on the SIMT kernels.
+static inline bool ra__cuda_bwd_on_tensor_cores(const ra_kernel_params *p)
+{
+    if (p->dtype == RINGATTN_FLOAT32 || p->head_dim > 256 || p->head_dim_v > 256) return false;
+    const size_t optin = (size_t)ra__cuda_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, p->device);
+    return ra__cuda_bwd_tc_smem(p->head_dim, p->head_dim_v, ra__cuda_full_features(p),
+                                p->high_precision != 0, optin) <= optin;
 }
 
 // A failed runtime call as RINGATTN_ERR_CUDA, its message naming what failed and why.

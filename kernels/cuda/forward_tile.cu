@@ -1,22 +1,10 @@
 // The tensor-core forward kernel (forward_tile.cuh) for every dtype, feature set and head-dim
 // tile pair: D in {32, 64, 96, 128, 256}, the D_v tile 64 or 128 (D_v above 128 in blocks of
 // 128 over gridDim.z; a D_v below its tile runs with zero columns).
-#include "kernels/cuda/forward_launch.cuh"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/forward_tile.cuh"
 
 namespace {
-
-// The current device's shared memory per SM, or 0 where the runtime does not say.
-int smem_per_sm()
-{
-    int dev = 0, bytes = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-        cudaGetLastError(); // not sticky: the double-buffered kernel is then the choice
-        return 0;
-    }
-    return bytes;
-}
 
 template <bool BF16, int D, int DV, bool FULL> int launch(const ra_attn_args &a, dim3 grid, cudaStream_t s)
 {
@@ -24,7 +12,7 @@ template <bool BF16, int D, int DV, bool FULL> int launch(const ra_attn_args &a,
     // 1 KiB a CTA is reserved by the runtime
     bool one_v = false;
     if constexpr (ra_fwd_tile_has_one_v(D, DV, FULL)) {
-        const size_t per_sm = (size_t)smem_per_sm();
+        const size_t per_sm = (size_t)ra__cuda_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, -1);
         auto two_fit = [&](int vbuf) { return 2 * (ra_fwd_tile_smem(D, DV, FULL, vbuf) + 1024) <= per_sm; };
         one_v = per_sm && !two_fit(2) && two_fit(1);
     }

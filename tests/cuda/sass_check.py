@@ -48,44 +48,18 @@ NOT_LAUNCHED = {
         "an A100 runs ra_fwd_tile_kernel<%s, 128, 128, false, 1> (forward_tile.cu)" % b
     for b in ("true", "false")}
 
-TC_BWD_SPILLS = ("issue 32: the tensor-core backward at 255 registers spills 8-112 bytes of "
-                 "loop-invariant scalars (dK and dV take 128 registers at D = D_v = 128)")
-
 # Limits today's kernels are known to miss, by (kernel name prefix, fact, architecture), and
 # the issue that removes each.
 KNOWN = {
     ("ra_fwd_f32_kernel<256", "min_warps_per_sm", "sm_80"):
         "later: the float32 kernel's Q tile at D = 256 (64 x 260 floats) leaves one CTA on sm_80",
     ("ra_bwd_keys_kernel", "min_warps_per_sm", "sm_80"):
-        "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
-        "D = 256: one CTA in an A100's 164 KiB)",
+        "later: the float32 backward's SIMT tiles take 108 KiB at D = 128, 100 KiB at D = 256: one "
+        "CTA in an A100's 164 KiB (bf16 and f16 run the tensor-core backward)",
     ("ra_bwd_queries_kernel", "min_warps_per_sm", "sm_80"):
-        "issue 32: the tensor-core backward (the SIMT tiles take 108 KiB at D = 128, 100 KiB at "
-        "D = 256: one CTA in an A100's 164 KiB)",
+        "later: the float32 backward's SIMT tiles take 108 KiB at D = 128, 100 KiB at D = 256: one "
+        "CTA in an A100's 164 KiB (bf16 and f16 run the tensor-core backward)",
 }
-
-# The tensor-core backward's known misses (issue 32), by instantiation <bf16, D, D_v, features>:
-# spills at 255 registers, and one CTA per SM where its shared memory exceeds half an SM's
-# (sm_80: above 82 KiB; sm_90: the feature kernel at D = D_v = 128, 115 KiB).
-TC_SPILL_FREE = {("sm_80", "false, 128, 64, false"), ("sm_80", "false, 64, 128, false"),
-                 ("sm_90", "false, 128, 64, false"), ("sm_90", "false, 64, 128, false"),
-                 ("sm_90", "false, 64, 64, false"), ("sm_90", "true, 128, 64, false")}
-TC_ONE_CTA = {("sm_90", "false, 128, 128, true"), ("sm_90", "true, 128, 128, true")} | {
-    ("sm_80", "%s, %s, %s" % (b, dims, f)) for b in ("false", "true") for f in ("false", "true")
-    for dims in ("128, 128", "128, 64", "64, 128")}
-for _arch in ("sm_80", "sm_90"):
-    for _b in ("false", "true"):
-        for _dims in ("128, 128", "128, 64", "64, 128", "64, 64"):
-            for _f in ("false", "true"):
-                _args = "%s, %s, %s" % (_b, _dims, _f)
-                _name = "ra_bwd_tc_kernel<%s>" % _args
-                if (_arch, _args) not in TC_SPILL_FREE:
-                    KNOWN[(_name, "spill_insns", _arch)] = TC_BWD_SPILLS
-                    KNOWN[(_name, "local_bytes", _arch)] = TC_BWD_SPILLS
-                if (_arch, _args) in TC_ONE_CTA:
-                    KNOWN[(_name, "min_warps_per_sm", _arch)] = (
-                        "issue 32: the tensor-core backward's shared memory (K, V, Q and dO "
-                        "double-buffered; the feature kernel's rows) leaves one CTA")
 
 # Each architecture's SM (CUDA occupancy rules): registers, threads, CTAs, shared memory per SM
 # and the most one CTA may take, the register allocation unit (per warp) and the shared memory
@@ -108,6 +82,25 @@ def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
     return 32 if d + dv <= 256 else 16
 
 
+def bwd_tc_smem(d, dv, full, qbuf):
+    """backward_tc_warp.cuh's layout at the default precision: K, V, Q and dO qbuf times, P, dZ,
+    the rows (the feature kernel's: sizeof(ra_bwd::brow) = 72, and a float a key)"""
+    return (64 * (d + dv) + qbuf * 64 * (d + dv) + 2 * 64 * 64) * 2 + \
+        (2 * 64 * 72 + 64 * 4 if full else 2 * 64 * 16)
+
+
+# The tensor-core backward with Q and dO double-buffered where the architecture's block holds
+# it, else single-buffered (backward_tc.cu: an A100 at D or D_v = 256).
+for _arch, _block in (("sm_80", 163 * 1024), ("sm_90", 227 * 1024)):
+    for _b in ("true", "false"):
+        for _d, _dv in ((128, 256), (256, 128), (256, 256)):
+            for _f in ("true", "false"):
+                if bwd_tc_smem(_d, _dv, _f == "true", 2) > _block:
+                    _name = "ra_bwd_tc_kernel<%s, %d, %d, %s, %%d>" % (_b, _d, _dv, _f)
+                    NOT_LAUNCHED[(_name % 2, _arch)] = "%s KiB a block: backward_tc.cu runs %s" % (
+                        _block // 1024, _name % 1)
+
+
 # What each launcher asks for (threads, dynamic shared memory), from its template arguments or,
 # for the backward (head dims at run time), at D = D_v = 128.
 def launch_shape(name):
@@ -120,11 +113,9 @@ def launch_shape(name):
     if m:
         d, dv = int(m.group(1)), int(m.group(2))
         return 128, (64 * (d + 4) + 16 * (d + dv)) * 4, ""
-    m = re.match(r"ra_bwd_tc_kernel<\w+, (\d+), (\d+), (\w+)>", name)
-    if m:  # backward_tc.cuh's layout at the default precision: K, V, Q and dO twice, dZ, rows
-        d, dv, full = int(m.group(1)), int(m.group(2)), m.group(3) == "true"
-        return 128, (64 * (d + dv) + 2 * 64 * (d + dv) + 64 * 64) * 2 + 2 * 64 * 16 + \
-            (2 * 64 * 72 if full else 0), ""  # 72: sizeof(ra_bwd::brow)
+    m = re.match(r"ra_bwd_tc_kernel<\w+, (\d+), (\d+), (\w+), (\d)>", name)
+    if m:
+        return 256, bwd_tc_smem(int(m.group(1)), int(m.group(2)), m.group(3) == "true", int(m.group(4))), ""
     if name.startswith("ra_bwd_prologue"):
         return 256, 0, ""
     m = re.match(r"ra_bwd_\w+<(\d+)>", name)
