@@ -3,7 +3,8 @@ over the library RINGATTN_LIBRARY names) against PyTorch SDPA's flash and cuDNN 
 process on the same shapes: forward and backward TFLOP/s, bf16, H = 16, T in 4096, 8192, 16384,
 D in 64, 128, full and causal, random inputs; the ratios, and the roofline estimate
 (bench/gpu/roofline.py on the recorded counters) beside ringattn's. Then what each backend
-returns for a fully masked row.
+returns for a fully masked row, and the tensor-core backward with two blocks an SM against one
+(RINGATTN_CUDA_BWD_BLOCKS=1) at D = 128.
 
   python3 bench/gpu/speed.py [--budget SECONDS] [--one T,D,causal]
 
@@ -143,6 +144,23 @@ def main():
                 T, D, mask, pas, cell("ringattn"),
                 "%.1f (%.1f ms)" % (f / (e * 1e-3) / 1e12, e) if e and D == 128 else "-",
                 cell("flash"), cell("cudnn"), ratio("flash"), ratio("cudnn")))
+        sys.stdout.flush()
+    # the tensor-core backward's two kernels at D = 128: two blocks of 8 warps an SM (the
+    # default where they fit) against one (RINGATTN_CUDA_BWD_BLOCKS=1, read at each launch)
+    print("\n| T | mask | backward TFLOP/s, 2 blocks an SM | 1 block an SM | 1 / 2 |")
+    print("|---|---|---|---|---|")
+    for T in (8192, 16384):
+        for causal in (False, True):
+            flop = 2.5 * 4.0 * 128 * H * (T * (T + 1) / 2 if causal else T * T)
+            tf = []
+            for blocks in ("2", "1"):
+                os.environ["RINGATTN_CUDA_BWD_BLOCKS"] = blocks
+                _, bwd = ringattn_calls(T, 128, causal)
+                tf.append(flop / (best_ms(bwd, share) * 1e-3) / 1e12)
+                torch.cuda.empty_cache()
+            del os.environ["RINGATTN_CUDA_BWD_BLOCKS"]
+            print("| %d | %s | %.1f | %.1f | %.2f |" % (T, "causal" if causal else "none", tf[0], tf[1],
+                                                       tf[1] / tf[0]))
         sys.stdout.flush()
     # a fully masked row: what does each backend return? (ringattn: O = 0, LSE = -inf)
     q = torch.randn(1, 1, 4, 64, device="cuda", dtype=torch.bfloat16)

@@ -156,8 +156,8 @@ int ra__cuda_backward_queries(const ra_bwd_args &a, int query_tiles, cudaStream_
 // of copies).
 int ra__cuda_backward_tc(const ra_bwd_args &a, int kv_blocks, cudaStream_t s);
 int ra__cuda_bwd_tc_slices(int sms, int kv_heads, int key_tiles, size_t slice_bytes, size_t max_bytes);
-// The shared memory its launch asks for on a device whose block may take optin bytes (more than
-// optin where it does not fit).
+// The shared memory of its launch, one block an SM, on a device whose block may take optin bytes
+// (more than optin where it does not fit).
 size_t ra__cuda_bwd_tc_smem(int d, int dv, bool full, bool split, size_t optin);
 // SPEC 9: (m, l) of the query tiles holding a row whose LSE is lossy, one ring step (a.f.first:
 // the state starts here), with the backward's own logits, so that P = exp(s - m) / l is exact.

@@ -52,17 +52,19 @@ __device__ __forceinline__ key_place place_of(const ra_bwd_args &a, int item)
 } // namespace ra_bwd_tc
 
 // Grid: (slices, kv-head blocks: gb = gridDim.y == 1 ? H_kv : 1 kv heads a block, so that with a
-// bias head shared by kv heads one block owns its dBias rows); 8 warps, one block per SM (255
-// registers: two blocks' 128 spill 148 bytes at D = D_v = 128, 64 with S^T and dQ in 16-wide
-// parts; FlashAttention 2's backward at head dim 128 also runs one block of 8 warps an SM).
-template <bool BF16, int D, int DV, bool FULL_FEATURES, int QBUF>
-__global__ void __launch_bounds__(ra_bwd_tc::THREADS, 1) ra_bwd_tc_kernel(ra_bwd_args a)
+// bias head shared by kv heads one block owns its dBias rows); 8 warps, CTAS blocks an SM
+// (backward_tc.cu chooses): two at 128 registers (the plain kernel at head dims up to 128, Q and
+// dO single-buffered, S^T and dQ in parts of 16), else one at 255 (the feature kernel at 128
+// registers spills 224 bytes; FlashAttention 2's backward at head dim 128 is one block of 8
+// warps an SM).
+template <bool BF16, int D, int DV, bool FULL_FEATURES, int QBUF, int CTAS>
+__global__ void __launch_bounds__(ra_bwd_tc::THREADS, CTAS) ra_bwd_tc_kernel(ra_bwd_args a)
 {
     using namespace ra_bwd_tc;
     using L = layout<D, DV, FULL_FEATURES, QBUF>;
     // registers beside dK's and dV's accumulators (128 at D = D_v = 256): the warp's queries of
     // S^T and dP^T, and dQ's columns, at a time
-    constexpr int QS = D + DV > 256 ? 16 : HALF_Q, DQ_COLS = D + DV > 256 ? 16 : 32;
+    constexpr int QS = CTAS == 2 || D + DV > 256 ? 16 : HALF_Q, DQ_COLS = QS == 16 ? 16 : 32;
     RA_DYNAMIC_SMEM(uint16_t, sm);
     const ra_smem<uint16_t> sk = sm + L::K, sv = sm + L::V, sq = sm + L::Q, sdo = sm + L::DO,
                             sp = sm + L::P, sdz = sm + L::DZ, sp_lost = sm + L::LOST,
@@ -70,6 +72,8 @@ __global__ void __launch_bounds__(ra_bwd_tc::THREADS, 1) ra_bwd_tc_kernel(ra_bwd
     const ra_smem<ra_f32x4> srows = ra_smem_as<ra_f32x4>(sm + L::ROWS);
     const ra_smem<ra_bwd::brow> sbrows = ra_smem_as<ra_bwd::brow>(sm + L::ROWS);
     const ra_smem<float> sdb = ra_smem_as<float>(sm + L::DB);
+    const ra_smem<ra_fwd::key_tile> stiles = ra_smem_as<ra_fwd::key_tile>(sm + L::TILES);
+    const ra_smem<ra_fwd::run_cursor> scursor = ra_smem_as<ra_fwd::run_cursor>(sm + L::TILES + 16);
     const ra_attn_args &f = a.f;
     const int gb = gridDim.y == 1 ? f.kv_heads : 1;
     const int qshift = ra_fwd::q_shift(f), tid = (int)threadIdx.x;
@@ -154,16 +158,24 @@ __global__ void __launch_bounds__(ra_bwd_tc::THREADS, 1) ra_bwd_tc_kernel(ra_bwd
                 };
                 ra_fwd::run_cursor cur(a.kitems[item]);
                 auto next = [&](ra_fwd::key_tile &qt) { return cur.next(f, a.kruns, f.qsegs, BQ, kept, qt); };
-                ra_fwd::key_tile qt{};
-                bool have = next(qt);
-                __syncthreads(); // every warp is done with the previous head's Q and dO (dK)
-                if (have) issue(qt, 0, 0);
+                ra_fwd::key_tile first{};
+                bool have = next(first);
+                if (tid == 0) scursor[0] = cur;
+                __syncthreads(); // every warp is past the previous head's last dV and dK (its Q, dO)
+                if (have) issue(first, 0, 0);
+                if (have && tid == 0) stiles[0] = first;
                 for (int i = 0; have; ++i) {
                     ra_fwd::key_tile after{};
+                    cur = scursor[0];
                     const bool more = next(after);
                     ra_cp_async_wait<0>(); // this tile's Q, dO (and K, V) landed ...
                     __syncthreads();       // ... for every thread; the other buffers are free
                     if (QBUF == 2 && more) issue(after, (i + 1) & 1, (i + 1) & 1);
+                    if (tid == 0) { // the block's place, in shared memory rather than registers
+                        stiles[(i + 1) & 1] = more ? after : ra_fwd::key_tile{-1, 0, 0, false};
+                        scursor[0] = cur;
+                    }
+                    const ra_fwd::key_tile qt = stiles[i & 1];
                     const int b = QBUF == 2 ? i & 1 : 0, rb = i & 1;
                     const bool full = qt.full && nk == BK;
                     const lane_at ln = opaque_lane(), kl = key_group(ln);
@@ -194,13 +206,16 @@ __global__ void __launch_bounds__(ra_bwd_tc::THREADS, 1) ra_bwd_tc_kernel(ra_bwd
                     if (split) add_key_rows<BF16, D, D / 2>(sdz_lost, tq, kl, half * (D / 2), dk);
                     if (QBUF == 1) { // every warp is done with Q and dO: the next tile's load
                         __syncthreads(); // runs during dQ
-                        if (more) issue(after, 0, (i + 1) & 1);
+                        const ra_fwd::key_tile nx = stiles[(i + 1) & 1];
+                        if (nx.seg >= 0) issue(nx, 0, (i + 1) & 1);
                     }
+                    const ra_fwd::key_tile tile = stiles[i & 1];
                     float *const dq = a.dq_slices + (((int64_t)blockIdx.x * f.heads + h) * f.tq +
-                                                     f.qsegs[qt.seg].row + qt.k0) * f.d;
-                    add_dq<BF16, D, DQ_COLS>(sdz, sk, kl, half * (D / 2), dq, f.d, qt.count);
-                    if (split) add_dq<BF16, D, DQ_COLS>(sdz_lost, sk, kl, half * (D / 2), dq, f.d, qt.count); // SPEC 9 high
-                    qt = after, have = more;
+                                                     f.qsegs[tile.seg].row + tile.k0) * f.d;
+                    add_dq<BF16, D, DQ_COLS>(sdz, sk, kl, half * (D / 2), dq, f.d, tile.count);
+                    if (split) add_dq<BF16, D, DQ_COLS>(sdz_lost, sk, kl, half * (D / 2), dq, f.d, tile.count); // SPEC 9 high
+                    const ra_fwd::key_tile coming = stiles[(i + 1) & 1];
+                    have = coming.seg >= 0;
                 }
             }
             // dK = scale dZ^T Q (Q unshifted), dV = P^T dO: this kv head's rows of the key tile

@@ -21,16 +21,18 @@ constexpr int BK = RA_BWD_TC_KEYS, BQ = RA_BWD_TC_QUERIES, WARPS = 8, THREADS = 
 constexpr int HALF_Q = BQ / 2; // a warp's queries of S^T and dP^T
 
 // Shared memory, in 16-bit units: K [BK][D], V [BK][D_v], Q [QBUF][BQ][D] and dO
-// [QBUF][BQ][D_v] (double buffered; single where a device's block would not hold them twice:
-// an A100 at D = 256), P and dZ [BK][BQ] (key-major), all swizzled (forward_tile_layout.cuh);
-// then the query tiles' row values [2][BQ] (16 bytes a row; FULL_FEATURES: their rows as the
-// SIMT backward sees them, and a float a key for dBias), and at SPEC 9's high level what P's
-// and dZ's rounding lost, [BK][BQ] each. 116 KiB at D = D_v = 128 (the feature kernel 123).
+// [QBUF][BQ][D_v] (double buffered; single where a device's block would not hold them twice, an
+// A100 at D = 256, or where two blocks an SM need it), P and dZ [BK][BQ] (key-major), all
+// swizzled (forward_tile_layout.cuh); then the query tiles' row values [2][BQ] (16 bytes a row;
+// FULL_FEATURES: their rows as the SIMT backward sees them, and a float a key for dBias), the
+// block's place in its list (two query tiles and the cursor: 48 bytes that would otherwise take
+// registers through the tile loop), and at SPEC 9's high level what P's and dZ's rounding lost,
+// [BK][BQ] each. At D = D_v = 128: 116 KiB (the feature kernel 123), 84 single-buffered.
 template <int D, int DV, bool FULL_FEATURES, int QBUF> struct layout {
     static constexpr size_t K = 0, V = K + BK * D, Q = V + BK * DV, DO = Q + QBUF * BQ * D,
                             P = DO + QBUF * BQ * DV, DZ = P + BK * BQ, ROWS = DZ + BK * BQ,
                             DB = ROWS + 2 * BQ * (FULL_FEATURES ? sizeof(ra_bwd::brow) / 2 : 8),
-                            LOST = DB + (FULL_FEATURES ? BK * 2 : 0);
+                            TILES = DB + (FULL_FEATURES ? BK * 2 : 0), LOST = TILES + 24;
     static constexpr size_t bytes(bool split) { return 2 * (LOST + (split ? 2 * BK * BQ : 0)); }
 };
 
@@ -196,7 +198,7 @@ __device__ __forceinline__ void add_dq(ra_smem<uint16_t> sdz, ra_smem<uint16_t> 
         for (int n = 0; n < DH / 8; ++n)
             RA_UNROLL
             for (int e = 0; e < 4; ++e) acc[0][n][e] = 0.0f;
-        RA_UNROLL
+        RA_NO_UNROLL
         for (int kk = 0; kk < BK / 16; ++kk) {
             uint32_t za[1][4];
             query_fragment(sdz, kl, kl.warp * 16, kk, za[0]);

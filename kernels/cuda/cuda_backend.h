@@ -50,7 +50,6 @@ struct ra_cuda_ws {
     int slices;
 };
 
-
 static inline ra_cuda_ws *ra__cuda_ws(struct ra_workspace *ws) { return (ra_cuda_ws *)ws; }
 
 // Whether a plan's steps run the tensor-core kernel with softcap, ALiBi and key bias compiled in

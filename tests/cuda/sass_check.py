@@ -14,6 +14,7 @@ cuobjdump (and nvdisasm beside it) from --cuobjdump, $RINGATTN_CUOBJDUMP, PATH, 
 virtual environment ($RINGATTN_VENV, default ~/.cache/ringattn/venv: the nvidia-cuda-cuobjdump
 and nvidia-cuda-nvdisasm wheels of python/requirements-test.txt) or nvcc's folder.
 """
+import fnmatch
 import os
 import re
 import shutil
@@ -21,7 +22,8 @@ import subprocess
 import sys
 from collections import defaultdict
 
-# The limits, each with why. A kernel matches a row by the start of its (demangled) name.
+# The limits, each with why. A kernel matches a row by the start of its (demangled) name, or by
+# the row's pattern where it has a "*".
 LIMITS = [
     # a spill turns registers into local memory traffic: the build already fails on one
     # (-Xptxas --warn-on-spills --warning-as-error); this says where, from the SASS
@@ -37,6 +39,9 @@ LIMITS = [
     ("ra_bwd_keys_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
     ("ra_bwd_queries_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
     ("ra_bwd_tc_kernel", "min_warps_per_sm", 8, "warps per SM: latency hiding needs two CTAs"),
+    # the tensor-core backward's two-block kernel (issue 32: >= 2 CTAs at D = 128) at 128
+    # registers without a spill (names: <dtype, D, D_v, features, Q buffers, blocks an SM>)
+    ("ra_bwd_tc_kernel<*, 2>", "min_ctas_per_sm", 2, "two blocks of 8 warps an SM"),
 ]
 
 # Kernels a launcher never runs on an architecture: their occupancy there is not theirs to meet.
@@ -84,9 +89,10 @@ def bwd_tile(d, dv):  # kernels/cuda/backward_common.cuh: ra__cuda_bwd_tile
 
 def bwd_tc_smem(d, dv, full, qbuf):
     """backward_tc_warp.cuh's layout at the default precision: K, V, Q and dO qbuf times, P, dZ,
-    the rows (the feature kernel's: sizeof(ra_bwd::brow) = 72, and a float a key)"""
+    the rows (the feature kernel's: sizeof(ra_bwd::brow) = 72, and a float a key), the block's
+    place (48 bytes)"""
     return (64 * (d + dv) + qbuf * 64 * (d + dv) + 2 * 64 * 64) * 2 + \
-        (2 * 64 * 72 + 64 * 4 if full else 2 * 64 * 16)
+        (2 * 64 * 72 + 64 * 4 if full else 2 * 64 * 16) + 48
 
 
 # The tensor-core backward with Q and dO double-buffered where the architecture's block holds
@@ -96,9 +102,15 @@ for _arch, _block in (("sm_80", 163 * 1024), ("sm_90", 227 * 1024)):
         for _d, _dv in ((128, 256), (256, 128), (256, 256)):
             for _f in ("true", "false"):
                 if bwd_tc_smem(_d, _dv, _f == "true", 2) > _block:
-                    _name = "ra_bwd_tc_kernel<%s, %d, %d, %s, %%d>" % (_b, _d, _dv, _f)
+                    _name = "ra_bwd_tc_kernel<%s, %d, %d, %s, %%d, 1>" % (_b, _d, _dv, _f)
                     NOT_LAUNCHED[(_name % 2, _arch)] = "%s KiB a block: backward_tc.cu runs %s" % (
                         _block // 1024, _name % 1)
+# ... and its two-block kernel (plain, head dims up to 128) where two fit an SM: on an A100 not
+# at D = D_v = 128 (84 KiB), which runs one block with Q and dO double-buffered there.
+for _b in ("true", "false"):
+    NOT_LAUNCHED[("ra_bwd_tc_kernel<%s, 128, 128, false, 1, 2>" % _b, "sm_80")] = (
+        "two blocks exceed an A100's 164 KiB: backward_tc.cu runs "
+        "ra_bwd_tc_kernel<%s, 128, 128, false, 2, 1>" % _b)
 
 
 # What each launcher asks for (threads, dynamic shared memory), from its template arguments or,
@@ -113,7 +125,7 @@ def launch_shape(name):
     if m:
         d, dv = int(m.group(1)), int(m.group(2))
         return 128, (64 * (d + 4) + 16 * (d + dv)) * 4, ""
-    m = re.match(r"ra_bwd_tc_kernel<\w+, (\d+), (\d+), (\w+), (\d)>", name)
+    m = re.match(r"ra_bwd_tc_kernel<\w+, (\d+), (\d+), (\w+), (\d), \d>", name)
     if m:
         return 256, bwd_tc_smem(int(m.group(1)), int(m.group(2)), m.group(3) == "true", int(m.group(4))), ""
     if name.startswith("ra_bwd_prologue"):
@@ -259,13 +271,13 @@ def main(argv):
             second = min(c["hmma_bf16"], c["hmma_f16"])
             facts = dict(spill_insns=c["spill_insns"], local_bytes=k["local"] + k["stack"],
                          hmma_second_dtype=second, hmma_predicated=c["hmma_predicated"],
-                         min_warps_per_sm=warps)
+                         min_warps_per_sm=warps, min_ctas_per_sm=ctas)
             print("%-44s %5d %6d %5d %6d %8s %7d %8d %5d %5d %6d %4d %4d %7d" % (
                 (name + note)[:44], k["regs"], c["spill_insns"], k["local"] + k["stack"],
                 k["static_smem"], dyn, ctas, warps, c["hmma"], c["hmma_predicated"], second,
                 c["mufu_ex2"], c["mufu_other"], c["expf_reductions"]))
             for prefix, what, limit, why in LIMITS:
-                if prefix != "*" and not name.startswith(prefix):
+                if not fnmatch.fnmatchcase(name, prefix if "*" in prefix else prefix + "*"):
                     continue
                 value = facts[what]
                 skip = NOT_LAUNCHED.get((name, arch_name)) if what.startswith("min_") else None
