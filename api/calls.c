@@ -107,6 +107,7 @@ static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p
              k->bias_heads);
     a->key_bias = k->bias_heads ? t->key_bias : NULL;
     a->dbias = k->bias_heads ? t->dbias : NULL;
+    a->sinks = t->sinks;
     return RINGATTN_SUCCESS;
 }
 
@@ -120,6 +121,10 @@ static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *
     RA_TRY(ra__view_make(fn, "dout", t->dout, k->dtype, tq, H, Dv, 0, &a->dout));
     RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
     RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
+    RA_CHECK(t->dsinks == NULL || t->sinks != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: dsinks: given without sinks, expected both or neither (SPEC 11)", fn);
+    a->dsinks = t->dsinks;
+    a->dlse = t->dlse;
     return ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv);
 }
 
@@ -141,7 +146,8 @@ static ringattn_status_t check_tensors(const char *fn, struct ringattn_plan *p, 
         {"lse", a->lse, NULL, tq, 0},            {"key_bias", a->key_bias, NULL, tk, 0},
         {"dout", a->dout.data, NULL, tq, 1},     {"dq", a->dq.data, NULL, tq, 1},
         {"dk", a->dk.data, NULL, tk, 1},         {"dv", a->dv.data, NULL, tk, 1},
-        {"dbias", a->dbias, NULL, tk, 1},
+        {"dbias", a->dbias, NULL, tk, 1},        {"sinks", a->sinks, NULL, 1, 0},
+        {"dsinks", a->dsinks, NULL, 1, 1},       {"dlse", a->dlse, NULL, tq, 1},
     };
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
         if (tensors[i].rows && (backward || !tensors[i].backward_only))

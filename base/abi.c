@@ -59,6 +59,13 @@ struct ra_tensors_v0_2 {
     float *dbias;
 };
 
+/* 0.3 added the new tokens' K/V (and 0.4 kept those tensors); 0.5 the sinks and dlse. */
+struct ra_tensors_v0_3 {
+    struct ra_tensors_v0_2 v0_2;
+    ringattn_tensor_t k_new, v_new;
+    const float *key_bias_new;
+};
+
 struct ra_plan_info_v0_1 {
     size_t struct_size;
     int rank, ranks;
@@ -81,6 +88,7 @@ static const release desc_releases[] = {
 };
 static const release tensors_releases[] = {
     {sizeof(struct ra_tensors_v0_2), offsetof(ringattn_tensors_t, k_new)},
+    {sizeof(struct ra_tensors_v0_3), offsetof(ringattn_tensors_t, sinks)},
     {sizeof(ringattn_tensors_t), sizeof(ringattn_tensors_t)},
 };
 /* The caller's transport table (ringattn_transport.h): one release so far, 0.3's. */
@@ -113,6 +121,11 @@ _Static_assert(offsetof(ringattn_plan_desc_t, precision) ==
                    sizeof(struct ra_plan_desc_v0_3) != sizeof(struct ra_plan_desc_v0_2),
                "0.3 descriptor fields are a prefix of the current descriptor, and its size one "
                "release's");
+_Static_assert(offsetof(ringattn_tensors_t, sinks) ==
+                       offsetof(struct ra_tensors_v0_3, key_bias_new) + sizeof(void *) &&
+                   sizeof(struct ra_tensors_v0_3) != sizeof(ringattn_tensors_t) &&
+                   sizeof(struct ra_tensors_v0_3) != sizeof(struct ra_tensors_v0_2),
+               "0.3 tensors fields are a prefix of the current tensors, and its size one release's");
 _Static_assert(sizeof(struct ra_plan_desc_v0_1) != sizeof(ringattn_plan_desc_t) &&
                    sizeof(struct ra_plan_info_v0_1) != sizeof(ringattn_plan_info_t),
                "a size names one release");

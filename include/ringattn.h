@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define RINGATTN_VERSION_MAJOR 0
-#define RINGATTN_VERSION_MINOR 4
+#define RINGATTN_VERSION_MINOR 5
 #define RINGATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
 #define RINGATTN_VERSION \
@@ -218,6 +218,17 @@ typedef struct ringattn_tensors {
        the cache's keys (this rank's slots in a sharded cache). */
     ringattn_tensor_t k_new, v_new;
     const float *key_bias_new;
+    /* since 0.5 (SPEC 11), float32, NULL: none. sinks [num_heads]: a sink logit per query
+       head, which joins every row's softmax once as a key of value 0 (gpt-oss, StreamingLLM);
+       -inf is no sink for that head, NaN or +inf make its rows NaN. LSE (forward output,
+       backward input) then counts the sink. A ring adds it on the rank that holds the row, a
+       sharded KV cache at the partials' merge. dsinks [num_heads]: backward output, this rank's
+       part (its local rows: sum it over the ranks as any replicated parameter's gradient).
+       dlse [num_heads, T_q]: backward input, the gradient of the loss by LSE, for callers that
+       use LSE beyond the backward (NULL: zero). In the backend's memory as the tensors. */
+    const float *sinks;
+    float *dsinks;
+    const float *dlse;
 } ringattn_tensors_t;
 
 #define RINGATTN_TENSOR_NONE {NULL, 0, 0}
@@ -226,7 +237,7 @@ typedef struct ringattn_tensors {
         sizeof(ringattn_tensors_t), RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE,              \
             RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, RINGATTN_TENSOR_NONE,          \
             RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL,    \
-            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL                                 \
+            RINGATTN_TENSOR_NONE, RINGATTN_TENSOR_NONE, NULL, NULL, NULL, NULL               \
     }
 
 /*

@@ -92,12 +92,14 @@ struct ra_backend {
     /* Inference (ring/cache.c). state_partial: the running state io's forward steps left (all
        with last = 0) as a normalised float32 partial (SPEC 4 finalise) at part: O [query rows,
        H, D_v] packed, then LSE [H, query rows]. merge_f32: SPEC 5 over n such partials at
-       parts + s * stride floats, in order s = 0 .. n-1, into O (the plan's dtype) and LSE;
-       n = 0 gives O = 0 and LSE = -inf. */
+       parts + s * stride floats, in order s = 0 .. n-1, and the sinks ([H] or NULL: SPEC 11,
+       one more partial of O = 0) into O (the plan's dtype) and LSE; n = 0 without sinks gives
+       O = 0 and LSE = -inf. */
     ringattn_status_t (*state_partial)(struct ra_workspace *ws, const ra_kernel_params *prm,
                                        const ra_fwd_io *io, float *part);
     ringattn_status_t (*merge_f32)(const ra_kernel_params *prm, const float *parts, int n,
-                                   size_t stride, const ra_view *o, float *lse, void *stream);
+                                   size_t stride, const float *sinks, const ra_view *o,
+                                   float *lse, void *stream);
     /* Attention, one ring step per call (params.h). */
     ringattn_status_t (*attend_forward)(struct ra_workspace *ws, const ra_kernel_params *prm,
                                         const ra_fwd_io *io);

@@ -81,6 +81,7 @@ typedef struct ra_fwd_io {
     int scale_q_first;    /* SPEC 9: scale Q before the product (it could overflow after) */
     void *stream;         /* CPU: the plan's ra_call_stream, polled between tiles */
     ra_dyn_io dyn;
+    const float *sinks;   /* [H] or NULL: SPEC 11, joined into each row at its finalise (last) */
 } ra_fwd_io;
 
 /*
@@ -93,6 +94,11 @@ typedef struct ra_bwd_prologue_io {
     const float *lse;
     const float *row_m, *row_l; /* [H, query rows] recomputed stats, or NULL: none lossy */
     void *stream;
+    /* SPEC 11: the sinks [H] (they join a lossy row's recomputed (m, l)) and, when dsinks is
+       not NULL, their gradient [H] over the local rows; dlse [H, query rows] or NULL: the
+       LSE's gradient, D_i - dlse_i in place of D_i */
+    const float *sinks, *dlse;
+    float *dsinks;
 } ra_bwd_prologue_io;
 
 /*

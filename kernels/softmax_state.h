@@ -93,11 +93,60 @@ RA_HD void ra__state_update(float *m, float *l, float *acc, int dv, const float 
 RA_HD float ra__state_out_scale(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 RA_HD float ra__state_lse(float m, float l) { return l == 0.0f ? -INFINITY : m + logf(l); }
 
-RA_HD void ra__state_finalize(float m, float l, const float *acc, int dv, float *o, float *lse)
+/*
+ * SPEC 11: finalise with an attention sink, one more partial (O = 0, LSE = sink) merged into
+ * the row's state (m, l) by SPEC 5 at the row's end, once: O = acc * *out_scale, the LSE
+ * returned. sink = -inf is no sink (the plain finalise). A row with no allowed key gives O = 0
+ * and LSE = sink; a NaN or +inf sink gives NaN (SPEC 9: it propagates, never turns into a
+ * number).
+ */
+RA_HD float ra__state_lse_sink(float m, float l, float sink, float *out_scale)
 {
-    const float inv = ra__state_out_scale(l);
-    for (int c = 0; c < dv; ++c) o[c] = l == 0.0f ? 0.0f : acc[c] * inv; /* 0, whatever acc */
-    *lse = ra__state_lse(m, l);
+    if (sink == -INFINITY) {
+        *out_scale = ra__state_out_scale(l);
+        return ra__state_lse(m, l);
+    }
+    if (sink != sink || sink == INFINITY) {
+        *out_scale = sink - sink; /* NaN */
+        return *out_scale;
+    }
+    if (l == 0.0f) {
+        *out_scale = 0.0f;
+        return sink;
+    }
+    const float mn = ra__max_nan(m, sink), alpha = expf(m - mn);
+    const float total = alpha * l + expf(sink - mn);
+    *out_scale = alpha / total;
+    return mn + logf(total);
+}
+
+/*
+ * SPEC 9 and 11: a lossy row's recomputed (m, l) over its keys, with its sink joined the same
+ * way, so that P = exp(s - m) / l is the forward's probability. Returns whether the row has a
+ * sum to divide by (l > 0). A NaN or +inf sink is left out: its row's LSE is NaN, never lossy.
+ */
+RA_HD int ra__row_stats_sink(float *m, float *l, float sink)
+{
+    if (sink == -INFINITY || sink != sink || sink == INFINITY) return *l > 0.0f;
+    const float mn = ra__max_nan(*m, sink);
+    *l = *l * expf(*m - mn) + expf(sink - mn); /* m = -inf (no key): exactly 0 + 1 */
+    *m = mn;
+    return 1;
+}
+
+/* SPEC 11: the sink's probability in a row whose P = exp(s - shift) * scale; 0 without one. */
+RA_HD float ra__sink_prob(float sink, float shift, float scale)
+{
+    return sink == -INFINITY ? 0.0f : expf(sink - shift) * scale;
+}
+
+RA_HD void ra__state_finalize(float m, float l, float sink, const float *acc, int dv, float *o,
+                              float *lse)
+{
+    float scale;
+    *lse = ra__state_lse_sink(m, l, sink, &scale);
+    /* an empty row: 0 whatever acc (NaN with a NaN sink) */
+    for (int c = 0; c < dv; ++c) o[c] = l == 0.0f ? 0.0f * scale : acc[c] * scale;
 }
 
 /* An LSE marking an empty partial: -inf (ours, FlashAttention 3) or +inf (FlashAttention 2). */
@@ -148,6 +197,29 @@ RA_HD float ra__merge_total(int n, const float *lse, int64_t ls, float *mx)
     *mx = m;
     return total;
 }
+
+/*
+ * SPEC 11: a sink (its LSE, -inf for none) as one more partial of the merge above, whose O is 0:
+ * it joins the max and the total but no column. A NaN or +inf sink makes the total NaN, which
+ * callers write as NaN (test total != total: `total > 0` alone would make the row empty).
+ */
+RA_HD float ra__merge_add_sink(float sink, float *mx, float total)
+{
+    if (sink == -INFINITY) return total;
+    if (sink != sink || sink == INFINITY) return sink - sink;
+    if (sink <= *mx) return total + expf(sink - *mx);
+    total = total * expf(*mx - sink) + 1.0f; /* total 0 (no partial) stays 0, then + 1 */
+    *mx = sink;
+    return total;
+}
+
+/* SPEC 5 after ra__merge_total (and ra__merge_add_sink): the row's LSE, and a column's value
+   where the total is not positive: -inf and 0 (every partial empty), or NaN (a NaN total). */
+RA_HD float ra__merge_lse(float mx, float total)
+{
+    return total > 0.0f ? mx + logf(total) : total != total ? total : -INFINITY;
+}
+RA_HD float ra__merge_no_column(float total) { return total != total ? total : 0.0f; }
 
 RA_HD float ra__merge_column(int n, const float *lse, int64_t ls, const float *o, int64_t os,
                              float mx, float total)

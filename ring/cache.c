@@ -103,6 +103,6 @@ ringattn_status_t ra__cache_forward(struct ringattn_plan *p, const ra_call *c)
         if (st == RINGATTN_SUCCESS) st = gathered;
     }
     RA_TRY(st);
-    return p->be->merge_f32(&p->kp, b->parts, p->live_parts, b->part_floats, &c->a.o, c->a.lse,
-                            &p->stream);
+    return p->be->merge_f32(&p->kp, b->parts, p->live_parts, b->part_floats, c->a.sinks, &c->a.o,
+                            c->a.lse, &p->stream);
 }

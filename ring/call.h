@@ -16,6 +16,9 @@ typedef struct ra_args {
     float *dbias;          /* [H_b, T_k] or NULL */
     ra_view k_new, v_new;  /* a KV cache plan's new tokens' K/V (cu_seqlens_new) */
     const float *key_bias_new; /* [H_b, T_new] or NULL */
+    const float *sinks;    /* [num_heads] or NULL (SPEC 11) */
+    float *dsinks;         /* backward: [num_heads] or NULL */
+    const float *dlse;     /* backward: [num_heads, T_q] or NULL (SPEC 11) */
 } ra_args;
 
 /* What the call's inputs imply, decided before the ring starts (SPEC 9). */

@@ -67,7 +67,8 @@ static ra_fwd_io forward_io(struct ringattn_plan *p, const ra_call *c, int stats
 {
     const ra_fwd_io io = {.q = &c->a.q, .o = &c->a.o, .lse = c->a.lse, .m = p->buf->m,
                           .l = p->buf->l, .acc = p->buf->acc, .stats_only = stats_only,
-                          .scale_q_first = c->scale_q_first, .stream = &p->stream};
+                          .scale_q_first = c->scale_q_first, .stream = &p->stream,
+                          .sinks = c->a.sinks};
     return io;
 }
 

@@ -13,13 +13,16 @@
 #include "ring/ring_steps.h"
 
 /* SPEC 9: rows whose LSE is lossy get their max and sum recomputed (forward, stats only); then
-   D_i and the probabilities' shift and scale of every row. */
+   D_i (less dLSE_i, SPEC 11) and the probabilities' shift and scale of every row, and the
+   sinks' gradient. */
 static ringattn_status_t prologue(struct ringattn_plan *p, const ra_call *c,
                                   const ra_prepared *pr)
 {
     if (c->recompute) RA_TRY(ra__ring_forward_pass(p, c, pr, 1));
-    const ra_bwd_prologue_io io = {&c->a.o, &c->a.dout, c->a.lse, c->recompute ? p->buf->m : NULL,
-                                   c->recompute ? p->buf->l : NULL, &p->stream};
+    const ra_bwd_prologue_io io = {.o = &c->a.o, .dout = &c->a.dout, .lse = c->a.lse,
+                                   .row_m = c->recompute ? p->buf->m : NULL,
+                                   .row_l = c->recompute ? p->buf->l : NULL, .stream = &p->stream,
+                                   .sinks = c->a.sinks, .dlse = c->a.dlse, .dsinks = c->a.dsinks};
     return p->be->backward_prologue(p->ws, &p->kp, &io);
 }
 

@@ -47,14 +47,31 @@ RA_CPU_CLONES static void prologue_rows(const ra_kernel_params *p, const ra_bwd_
     int64_t ldo, lddo;
     const float *o = ra__tile_load(io->o, p->dtype, qrow, nq, h, Dv, w->o, &ldo);
     const float *g = ra__tile_load(io->dout, p->dtype, qrow, nq, h, Dv, w->dout, &lddo);
+    const float sink = io->sinks ? io->sinks[h] : -INFINITY;
     for (int i = 0; i < nq; ++i) {
         float d = 0.0f;
         for (int c = 0; c < Dv; ++c) d += g[i * lddo + c] * o[i * ldo + c];
-        w->drow[at + i] = d;
+        w->drow[at + i] = io->dlse ? d - io->dlse[at + i] : d;
         const float lse = io->lse[at + i];
-        const int recompute = io->row_m && ra__lse_lossy(lse) && io->row_l[at + i] > 0.0f;
-        w->pshift[at + i] = recompute ? io->row_m[at + i] : lse;
-        w->pscale[at + i] = recompute ? 1.0f / io->row_l[at + i] : 1.0f;
+        float m = 0.0f, l = 0.0f;
+        if (io->row_m) m = io->row_m[at + i], l = io->row_l[at + i];
+        const int recompute = io->row_m && ra__lse_lossy(lse) && ra__row_stats_sink(&m, &l, sink);
+        w->pshift[at + i] = recompute ? m : lse;
+        w->pscale[at + i] = recompute ? 1.0f / l : 1.0f;
+    }
+}
+
+/* SPEC 11: dsinks_h = -sum_i P_sink,i D_i over the local rows, in row order (double sums). */
+static void sink_grads(const ra_kernel_params *p, const ra_bwd_prologue_io *io,
+                       const struct ra_workspace *ws)
+{
+    const int64_t rows = p->queries->rows;
+    for (int h = 0; h < p->num_heads; ++h) {
+        const float sink = io->sinks ? io->sinks[h] : -INFINITY;
+        double sum = 0.0;
+        for (int64_t i = h * rows; i < (h + 1) * rows; ++i)
+            sum -= (double)ra__sink_prob(sink, ws->pshift[i], ws->pscale[i]) * ws->drow[i];
+        io->dsinks[h] = (float)sum;
     }
 }
 
@@ -70,6 +87,7 @@ ringattn_status_t ra__cpu_backward_prologue(struct ra_workspace *ws, const ra_ke
         const int n = ra__row_chunk(task, H, p->block_q, rows, &row);
         prologue_rows(p, io, &ws->per_thread[omp_get_thread_num()], (int)(task % H), row, n);
     }
+    if (io->dsinks) sink_grads(p, io, ws);
     return RINGATTN_SUCCESS;
 }
 

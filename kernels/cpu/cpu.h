@@ -84,7 +84,8 @@ ringattn_status_t ra__cpu_merge(const ra_merge_io *io, void *stream);
 ringattn_status_t ra__cpu_state_partial(struct ra_workspace *ws, const ra_kernel_params *p,
                                         const ra_fwd_io *io, float *part);
 ringattn_status_t ra__cpu_merge_f32(const ra_kernel_params *p, const float *parts, int n,
-                                    size_t stride, const ra_view *o, float *out_lse, void *stream);
+                                    size_t stride, const float *sinks, const ra_view *o,
+                                    float *out_lse, void *stream);
 
 ringattn_status_t ra__cpu_attend_forward(struct ra_workspace *ws, const ra_kernel_params *p,
                                          const ra_fwd_io *io);

@@ -78,7 +78,8 @@ static void state_end(const ra_kernel_params *p, const ra_fwd_io *io, ra_thread_
     for (int i = 0; i < nq; ++i) {
         float *acc = w->acc + (size_t)i * Dv;
         if (finalise) {
-            ra__state_finalize(w->m[i], w->l[i], acc, Dv, acc, &io->lse[h * rows + row + i]);
+            ra__state_finalize(w->m[i], w->l[i], io->sinks ? io->sinks[h] : -INFINITY, acc, Dv,
+                               acc, &io->lse[h * rows + row + i]);
             continue;
         }
         io->m[h * rows + row + i] = w->m[i];

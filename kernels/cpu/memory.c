@@ -163,14 +163,15 @@ ringattn_status_t ra__cpu_state_partial(struct ra_workspace *ws, const ra_kernel
     for (int h = 0; h < H; ++h)
         for (int64_t t = 0; t < rows; ++t) {
             const int64_t at = (t * H + h) * dv;
-            ra__state_finalize(io->m[h * rows + t], io->l[h * rows + t], io->acc + at, dv,
-                               part + at, &lse[h * rows + t]);
+            ra__state_finalize(io->m[h * rows + t], io->l[h * rows + t], -INFINITY, io->acc + at,
+                               dv, part + at, &lse[h * rows + t]); /* the sink: at the merge */
         }
     return RINGATTN_SUCCESS;
 }
 
 ringattn_status_t ra__cpu_merge_f32(const ra_kernel_params *p, const float *parts, int n,
-                                    size_t stride, const ra_view *o, float *out_lse, void *stream)
+                                    size_t stride, const float *sinks, const ra_view *o,
+                                    float *out_lse, void *stream)
 {
     (void)stream;
     const int64_t rows = p->queries->rows;
@@ -180,14 +181,15 @@ ringattn_status_t ra__cpu_merge_f32(const ra_kernel_params *p, const float *part
         for (int64_t t = 0; t < rows; ++t) {
             const float *lse = parts + rows * H * dv + h * rows + t, *po = parts + (t * H + h) * dv;
             float mx;
-            const float total = ra__merge_total(n, lse, (int64_t)stride, &mx);
+            float total = ra__merge_total(n, lse, (int64_t)stride, &mx);
+            if (sinks) total = ra__merge_add_sink(sinks[h], &mx, total);
             for (int c = 0; c < dv; ++c)
                 row[c] = total > 0.0f
                              ? ra__merge_column(n, lse, (int64_t)stride, po + c, (int64_t)stride, mx,
                                                 total)
-                             : 0.0f;
+                             : ra__merge_no_column(total);
             ra__store_f32(ra__view_at(o, t, h), p->dtype, row, dv);
-            out_lse[h * rows + t] = total > 0.0f ? mx + logf(total) : -INFINITY;
+            out_lse[h * rows + t] = ra__merge_lse(mx, total);
         }
     return RINGATTN_SUCCESS;
 }

@@ -298,6 +298,7 @@ ringattn_status_t cuda_attend_forward(struct ra_workspace *wsp, const ra_kernel_
     ra_attn_args a = step_args(ws, p, io->q, io->k, io->v, io->keys, &io->dyn, io->lse);
     a.m = io->m, a.l = io->l, a.acc = io->acc;
     a.first = io->first, a.last = io->last;
+    a.sinks = io->sinks;
     const cudaStream_t stream = ra__cuda_stream(io->stream);
     if (io->stats_only) {
         RA_CUDA_TRY((cudaError_t)ra__cuda_backward_stats(backward_args(ws, p, a, io->keys),
@@ -324,14 +325,14 @@ ringattn_status_t cuda_backward_prologue(struct ra_workspace *wsp, const ra_kern
                                          const ra_bwd_prologue_io *io)
 {
     ra_cuda_ws *ws = ra__cuda_ws(wsp);
-    if (p->queries->rows == 0) return RINGATTN_SUCCESS;
+    if (p->queries->rows == 0 && !io->dsinks) return RINGATTN_SUCCESS;
     ra_attn_args f{};
     f.heads = p->num_heads, f.tq = (int)p->queries->rows, f.dv = p->head_dim_v;
     f.lse = const_cast<float *>(io->lse);
     ra_bwd_args a = backward_args(ws, p, f, nullptr);
     a.dout = io->dout->data, a.do_row = io->dout->row, a.do_head = io->dout->head;
-    const int st = ra__cuda_backward_prologue(a, io->o->data, io->o->row, io->o->head, io->row_m,
-                                              io->row_l, ra__cuda_stream(io->stream));
+    const int st = ra__cuda_backward_prologue(a, io->o->data, io->o->row, io->o->head, *io,
+                                              ra__cuda_stream(io->stream));
     RA_CUDA_TRY((cudaError_t)st, "backward prologue launch");
     return RINGATTN_SUCCESS;
 }

@@ -4,11 +4,17 @@
 #include "kernels/cuda/cuda_backend.h"
 
 int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_row, int64_t o_head,
-                               const float *row_m, const float *row_l, cudaStream_t s)
+                               const ra_bwd_prologue_io &io, cudaStream_t s)
 {
-    int st;
-    RA_LAUNCH(st, ra_bwd_prologue_kernel, dim3(ra__cuda_blocks_for((size_t)a.f.tq), (unsigned)a.f.heads),
-              dim3(RA_CUDA_THREADS), 0, s, a, o, o_row, o_head, row_m, row_l);
+    int st = 0;
+    if (a.f.tq > 0)
+        RA_LAUNCH(st, ra_bwd_prologue_kernel,
+                  dim3(ra__cuda_blocks_for((size_t)a.f.tq), (unsigned)a.f.heads),
+                  dim3(RA_CUDA_THREADS), 0, s, a, o, o_row, o_head, io.row_m, io.row_l, io.sinks,
+                  io.dlse);
+    if (st == 0 && io.dsinks) // written also without local rows: 0
+        RA_LAUNCH(st, ra_bwd_sink_grad_kernel, dim3((unsigned)a.f.heads), dim3(256), 0, s, a,
+                  io.sinks, io.dsinks);
     return st;
 }
 

@@ -55,13 +55,15 @@ __device__ __forceinline__ void load_keys(const ra_bwd_args &a, const tiles &s, 
 
 } // namespace ra_bwd
 
-// Prologue (SPEC 7, 9): one thread per (head, local row); grid (blocks over the rows,
+// Prologue (SPEC 7, 9, 11): one thread per (head, local row); grid (blocks over the rows,
 // grid-stride; heads), so that no 64-bit division (a call, and spills around it) finds them.
 __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, const void *o,
                                                               int64_t o_row, int64_t o_head,
-                                                              const float *row_m, const float *row_l)
+                                                              const float *row_m, const float *row_l,
+                                                              const float *sinks, const float *dlse)
 {
     const int64_t h = blockIdx.y;
+    const float sink = sinks ? sinks[h] : -INFINITY;
     for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < a.f.tq;
          r += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = h * a.f.tq + r;
@@ -69,12 +71,36 @@ __global__ void __launch_bounds__(256) ra_bwd_prologue_kernel(ra_bwd_args a, con
         for (int c = 0; c < a.f.dv; ++c)
             d = ra_fma(ra_bwd::load(a.dout, r * a.do_row + h * a.do_head + c, a.dtype),
                        ra_bwd::load(o, r * o_row + h * o_head + c, a.dtype), d);
-        a.drow[i] = d;
+        a.drow[i] = dlse ? d - dlse[i] : d;
         const float lse = a.f.lse[i];
-        const bool recompute = row_m && ra__lse_lossy(lse) && row_l[i] > 0.0f;
-        a.pshift[i] = recompute ? row_m[i] : lse;
-        a.pscale[i] = recompute ? 1.0f / row_l[i] : 1.0f;
+        float m = 0.0f, l = 0.0f;
+        if (row_m) m = row_m[i], l = row_l[i];
+        const bool recompute = row_m && ra__lse_lossy(lse) && ra__row_stats_sink(&m, &l, sink);
+        a.pshift[i] = recompute ? m : lse;
+        a.pscale[i] = recompute ? 1.0f / l : 1.0f;
     }
+}
+
+// SPEC 11: dsinks_h = -sum_i P_sink,i D_i over the local rows, one block of 256 threads per
+// head: strided sums, then a tree in shared memory, always in the same order (deterministic).
+__global__ void __launch_bounds__(256) ra_bwd_sink_grad_kernel(ra_bwd_args a, const float *sinks,
+                                                               float *dsinks)
+{
+    __shared__ float part[256];
+    const int h = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const float sink = sinks ? sinks[h] : -INFINITY;
+    float sum = 0.0f;
+    for (int64_t r = tid; r < a.f.tq; r += 256) {
+        const int64_t i = (int64_t)h * a.f.tq + r;
+        sum -= ra__sink_prob(sink, a.pshift[i], a.pscale[i]) * a.drow[i];
+    }
+    part[tid] = sum;
+    __syncthreads();
+    for (int w = 128; w > 0; w /= 2) {
+        if (tid < w) part[tid] += part[tid + w];
+        __syncthreads();
+    }
+    if (tid == 0) dsinks[h] = part[0];
 }
 
 // Key pass. Grid: (the key-major list's key tiles, heaviest first; kv-head blocks); kv heads

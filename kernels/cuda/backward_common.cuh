@@ -148,7 +148,7 @@ __device__ __forceinline__ pair_grad grads(const ra_bwd_args &a, const brow &r, 
 
 // backward.cu: the three launches on stream s; 0 or a cudaError_t.
 int ra__cuda_backward_prologue(const ra_bwd_args &a, const void *o, int64_t o_row, int64_t o_head,
-                               const float *row_m, const float *row_l, cudaStream_t s);
+                               const ra_bwd_prologue_io &io, cudaStream_t s);
 int ra__cuda_backward_keys(const ra_bwd_args &a, int key_tiles, int kv_blocks, cudaStream_t s);
 int ra__cuda_backward_queries(const ra_bwd_args &a, int query_tiles, cudaStream_t s);
 // backward_tc.cu: the tensor-core backward (dK, dV, dBias and dQ's slices, then their sum) on

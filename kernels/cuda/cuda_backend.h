@@ -108,7 +108,8 @@ inline unsigned ra__cuda_blocks_for(size_t n)
 ringattn_status_t ra__cuda_state_partial(struct ra_workspace *ws, const ra_kernel_params *prm,
                                          const ra_fwd_io *io, float *part);
 ringattn_status_t ra__cuda_merge_f32(const ra_kernel_params *prm, const float *parts, int n,
-                                     size_t stride, const ra_view *o, float *lse, void *stream);
+                                     size_t stride, const float *sinks, const ra_view *o,
+                                     float *lse, void *stream);
 
 // kernels/cuda/memory.cu: the backend's memory and element work.
 ringattn_status_t ra__cuda_alloc(size_t bytes, void **ptr);

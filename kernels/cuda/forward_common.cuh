@@ -62,6 +62,7 @@ struct ra_attn_args {
     // D_v above one tile (blockIdx.z blocks) over several steps: each block's (m, l) copy is
     // state_z elements after the previous one's, so no block reads a state another rewrites
     int64_t state_z;
+    const float *sinks;        // [H] device memory, or NULL: SPEC 11, joined at the last step
 };
 
 // The tensor-core kernel's tiles per head-dim tile d, FlashAttention 2's table for sm_80 and

@@ -125,9 +125,10 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
             if (col(c) < dv) a.acc[at * a.dv + v0 + col(c)] = acc[c];
         return;
     }
-    // ra__state_finalize (SPEC 4) over this thread's columns below dv: an empty row has
-    // acc = 0, so O = 0 exactly, and LSE = -inf
-    const float inv = ra__state_out_scale(l);
+    // ra__state_finalize (SPEC 4, with SPEC 11's sink) over this thread's columns below dv: an
+    // empty row has acc = 0, so O = 0 exactly, and LSE = -inf (the sink without a key)
+    float inv;
+    const float lse = ra__state_lse_sink(m, l, a.sinks ? a.sinks[h] : -INFINITY, &inv);
     float *o = static_cast<float *>(a.o) + (qb + row) * a.o_row + (int64_t)h * a.o_head;
     RA_UNROLL
     for (int c = 0; c < HALF; ++c)
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(128, 1) ra_fwd_f32_kernel(ra_attn_args a)
         }
     if (owner) {
         ra_count_global_store(a.lse + at, 4);
-        a.lse[at] = ra__state_lse(m, l);
+        a.lse[at] = lse;
     }
 }
 

@@ -178,14 +178,16 @@ __device__ __forceinline__ void store_state(const ra_attn_args &a, const block_a
                     }
                 continue;
             }
-            const float inv = l == 0.0f ? 0.0f : ra_rcp(l); // ra__state_out_scale, one MUFU
+            float inv = l == 0.0f ? 0.0f : ra_rcp(l); // ra__state_out_scale, one MUFU
+            const float lse = a.sinks ? ra__state_lse_sink(m, l, a.sinks[b.h], &inv)
+                                      : ra__state_lse(m, l);
             RA_UNROLL
             for (int n = 0; n < DV / 8; ++n)
                 so32[swz<DV>(row, n * 8 + 2 * ln.t) / 2] =
                     ra_pack_16x2(BF16, st.o[mt][n][2 * hh] * inv, st.o[mt][n][2 * hh + 1] * inv);
             if (ln.t == 0 && b.owner && row < b.rows) {
                 ra_count_global_store(a.lse + at, 4);
-                a.lse[at] = ra__state_lse(m, l);
+                a.lse[at] = lse;
             }
         }
     if (!a.last) return;

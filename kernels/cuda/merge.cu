@@ -18,14 +18,15 @@ __global__ void partial_kernel(const float *m, const float *l, const float *acc,
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t h = i / rows, t = i % rows;
-        ra__state_finalize(m[i], l[i], acc + i * dv, dv, part + (t * heads + h) * dv, &lse[i]);
+        ra__state_finalize(m[i], l[i], -INFINITY, acc + i * dv, dv, part + (t * heads + h) * dv,
+                           &lse[i]); // the sink: at the merge
     }
 }
 
 // SPEC 5 over n partials at parts + s * stride into O (dtype: 0 float32, 1 bfloat16, 2
 // float16; 16-bit D_v is a multiple of 8 on this backend, so columns go in pairs) and LSE.
 __global__ void merge_kernel(const float *parts, int n, int64_t stride, int64_t rows, int heads,
-                             int dv, ra_view o, int dtype, float *out_lse)
+                             int dv, const float *sinks, ra_view o, int dtype, float *out_lse)
 {
     const int64_t count = rows * heads;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
@@ -33,21 +34,22 @@ __global__ void merge_kernel(const float *parts, int n, int64_t stride, int64_t 
         const int64_t h = i / rows, t = i % rows;
         const float *lse = parts + count * dv + i, *po = parts + (t * heads + h) * dv;
         float mx;
-        const float total = ra__merge_total(n, lse, stride, &mx);
+        float total = ra__merge_total(n, lse, stride, &mx);
+        if (sinks) total = ra__merge_add_sink(sinks[h], &mx, total);
         char *row = o.data + (size_t)(t * o.row + h * o.head) * o.elem;
         for (int c = 0; c < dv; c += dtype ? 2 : 1) {
             const float a = total > 0.0f ? ra__merge_column(n, lse, stride, po + c, stride, mx, total)
-                                         : 0.0f;
+                                         : ra__merge_no_column(total);
             if (!dtype) {
                 reinterpret_cast<float *>(row)[c] = a;
                 continue;
             }
             const float b = total > 0.0f
                                 ? ra__merge_column(n, lse, stride, po + c + 1, stride, mx, total)
-                                : 0.0f;
+                                : ra__merge_no_column(total);
             reinterpret_cast<uint32_t *>(row)[c / 2] = ra_pack_16x2(dtype == 1, a, b);
         }
-        out_lse[i] = total > 0.0f ? mx + logf(total) : -INFINITY;
+        out_lse[i] = ra__merge_lse(mx, total);
     }
 }
 
@@ -73,7 +75,8 @@ ringattn_status_t ra__cuda_state_partial(struct ra_workspace *wsp, const ra_kern
 }
 
 ringattn_status_t ra__cuda_merge_f32(const ra_kernel_params *p, const float *parts, int n,
-                                     size_t stride, const ra_view *o, float *lse, void *stream)
+                                     size_t stride, const float *sinks, const ra_view *o,
+                                     float *lse, void *stream)
 {
     const int64_t rows = p->queries->rows;
     const size_t count = (size_t)rows * p->num_heads;
@@ -82,7 +85,7 @@ ringattn_status_t ra__cuda_merge_f32(const ra_kernel_params *p, const float *par
     int st;
     RA_LAUNCH(st, merge_kernel, dim3(ra__cuda_blocks_for(count)), dim3(RA_CUDA_THREADS), 0,
               ra__cuda_stream(stream), parts, n, (int64_t)stride, rows, p->num_heads,
-              p->head_dim_v, *o, dtype, lse);
+              p->head_dim_v, sinks, *o, dtype, lse);
     RA_CUDA_TRY((cudaError_t)st, "merge kernel launch");
     return RINGATTN_SUCCESS;
 }

@@ -96,7 +96,8 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     const size_t e = ratest::dtype_size(c.dtype), Tq = (size_t)c.Tq();
     std::vector<unsigned char> o_bytes(Tq * H * c.dv() * e + e, 0xff); // NaN: SPEC 10 case 7
     ratest::Mirror o_dev;
-    ratest::Mirrored<float> lse, bias, bias_new;
+    ratest::Mirrored<float> lse, bias, bias_new, sinks;
+    sinks.host = pb.sinks_buf; // SPEC 11: the same on every rank, added once at the merge
     lse.host.assign((size_t)H * Tq + 1, NAN);
     bias.host.assign((size_t)Hb * keys.size() + 1, NAN);
     bias_new.host.assign((size_t)Hb * map.fresh.size() + 1, NAN);
@@ -118,6 +119,7 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     t.lse = lse.bind();
     t.key_bias = Hb > 0 ? bias.bind() : nullptr;
     t.key_bias_new = Hb > 0 ? bias_new.bind() : nullptr;
+    t.sinks = sinks.host.empty() ? nullptr : sinks.bind();
     ratest::DeviceMemory &mem = ratest::device_memory();
     void *stream = mem.stream_create();
     st = ringattn_forward(plan, &t, stream);

@@ -74,6 +74,22 @@ TEST_CASE("Random decode and chunked prefill against a sharded cache match the f
     }
 }
 
+TEST_CASE("Attention sinks on a sharded cache: added once, at the merge, on every rank (SPEC 11)")
+{
+    for (int i = 0; i < 8; ++i) {
+        std::mt19937_64 rng(ratest::seed_for("cache sinks", (uint64_t)i));
+        const int ranks = i % 4 + (i >= 4); // 0 (no comm), 1, 2, 3 then 2, 3, 4, 1
+        Drawn d = draw(rng, ranks);
+        std::normal_distribution<double> nd(0.0, 2.0);
+        d.cfg.sinks.resize((size_t)d.cfg.H);
+        for (double &s : d.cfg.sinks) s = nd(rng);
+        if (i % 2) d.cfg.sinks[0] = -INFINITY;
+        Problem pb = ratest::packed_problem(d.cfg, ratest::seed_for("cache sinks pb", (uint64_t)i));
+        check_cache(run_cache(pb, d.layout, ranks, ringtest::all_layouts[i % 3]), forward_judge(pb),
+                    pb, "sinks case " + std::to_string(i) + ", ranks " + std::to_string(ranks));
+    }
+}
+
 TEST_CASE("A sharded cache over NCCL (CUDA backend: the emulated NCCL in CI)")
 {
     if (!on_cuda()) return; // NCCL moves device memory

@@ -104,8 +104,17 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     Local o(idx.size(), (size_t)H * Dv, e), dq(idx.size(), (size_t)H * D, e);
     Local dk(nk, (size_t)Hk * D, e), dv(nk, (size_t)Hk * Dv, e);
     for (Local *x : {&o, &dq, &dk, &dv}) x->poison(); // SPEC 10 case 7
-    ratest::Mirrored<float> lse, bias, dbias;
+    ratest::Mirrored<float> lse, bias, dbias, sinks, dsinks, dlse;
     lse.host.assign((size_t)H * n + 1, NAN);
+    // SPEC 11: the sinks, the same on every rank; dlse of the local rows; this rank's dsinks
+    sinks.host = pb.sinks_buf;
+    dsinks.host.assign(pb.sinks_buf.size(), NAN);
+    if (!pb.dlse_buf.empty()) {
+        dlse.host.assign((size_t)H * n + 1, NAN);
+        for (int h = 0; h < H; ++h)
+            for (size_t r = 0; r < (size_t)n; ++r)
+                dlse.host[(size_t)h * n + r] = pb.dlse_buf[(size_t)h * c.Tq() + (size_t)idx[r]];
+    }
     // the bias columns of the local keys, [H_b, nk] packed; dBias the same, NaN until written
     bias.host.assign((size_t)Hb * nk + 1, NAN);
     dbias.host.assign(bias.host.size(), NAN);
@@ -125,6 +134,9 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     t.dv.data = dv.device();
     t.key_bias = Hb > 0 ? bias.bind() : nullptr;
     t.dbias = Hb > 0 && pb.want_dbias ? dbias.bind() : nullptr;
+    t.sinks = sinks.host.empty() ? nullptr : sinks.bind();
+    t.dsinks = sinks.host.empty() ? nullptr : dsinks.bind();
+    t.dlse = dlse.host.empty() ? nullptr : dlse.bind();
     // each rank's calls on a stream of their own (a device backend): the ring's order between
     // them is the transport's events alone
     ratest::DeviceMemory &mem = ratest::device_memory();
@@ -161,6 +173,7 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
         for (Local *x : {&o, &dq, &dk, &dv}) x->dev.download();
         lse.dev.download();
         dbias.dev.download();
+        dsinks.dev.download();
     }
     if (stream) mem.stream_destroy(stream);
     if (st != RINGATTN_SUCCESS) return sh.fail(rank, st);
@@ -178,6 +191,11 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
         for (int hb = 0; hb < Hb; ++hb)
             for (size_t r = 0; r < nk; ++r)
                 res.dbias[(size_t)hb * Tk + (size_t)kidx[r]] = dbias.host[(size_t)hb * nk + r];
+    if (!dsinks.host.empty()) { // each rank's part, summed in rank order by Result::got
+        if (res.dsinks_ranks.size() < (size_t)(rank + 1) * H)
+            res.dsinks_ranks.resize((size_t)(rank + 1) * H, 0.0f);
+        for (int h = 0; h < H; ++h) res.dsinks_ranks[(size_t)rank * H + h] = dsinks.host[(size_t)h];
+    }
 }
 
 
@@ -241,6 +259,10 @@ ratest::Got Result::got(const ratest::AttnConfig &c) const
     g.dK = dense(dk, c.Tk(), c.hkv(), c.D);
     g.dV = dense(dv, c.Tk(), c.hkv(), c.dv());
     if (!dbias.empty()) g.dBias = dense(dbias, c.key_bias_heads, 1, c.Tk());
+    if (!dsinks_ranks.empty()) { // SPEC 11: the ranks' parts of a replicated parameter's gradient
+        g.dSinks = ratest::Dense(1, c.H, 1);
+        for (size_t i = 0; i < dsinks_ranks.size(); ++i) g.dSinks.v[i % (size_t)c.H] += dsinks_ranks[i];
+    }
     return g;
 }
 

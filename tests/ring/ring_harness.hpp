@@ -53,6 +53,7 @@ struct RunOptions {
 // problem has no bias or does not want dBias.
 struct Result {
     std::vector<float> o, lse, dq, dk, dv, dbias;
+    std::vector<float> dsinks_ranks; // SPEC 11: [ranks, H], each rank's dsinks (with sinks)
     ringattn_status_t status = RINGATTN_SUCCESS;
     std::vector<ringattn_status_t> edited_status; // [ranks], with RunOptions.edit_first_call
     std::vector<ringattn_status_t> rank_status;   // [ranks]: each rank's failure, or SUCCESS

@@ -172,10 +172,13 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                     m = any ? std::max(m, sv) : sv;
                     any = true;
                 }
-                if (!any) continue; // O stays 0, LSE -inf
+                const R sink = cfg.sinks.empty() ? -std::numeric_limits<R>::infinity()
+                                                 : (R)cfg.sinks[(size_t)h];
+                if (!any && std::isinf((double)sink)) continue; // O stays 0, LSE -inf
                 R l = 0;
                 std::fill(acc.begin(), acc.end(), (R)0);
                 std::fill(mag.begin(), mag.end(), (R)0);
+                if (!any) m = sink; // SPEC 11: only the sink, O = 0 and LSE = sink
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     if (keys && !(*keys)[(size_t)j]) continue;
@@ -188,6 +191,12 @@ FwdResult fwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                         acc[(size_t)c] += pv * v[c];
                         mag[(size_t)c] += pr * std::fabs(v[c]);
                     }
+                }
+                if (!std::isinf((double)sink)) { // SPEC 11: one more term, exp(sink), of value 0
+                    const R mn = std::max(m, sink), a = std::exp(m - mn);
+                    l = l * a + std::exp(sink - mn);
+                    for (int c = 0; c < Dv; ++c) acc[(size_t)c] *= a, mag[(size_t)c] *= a;
+                    m = mn;
                 }
                 for (int c = 0; c < Dv; ++c) {
                     R o = acc[(size_t)c] / l;
@@ -215,7 +224,7 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
         dV((size_t)(Tk * Hkv * Dv), 0);
     check_bias(cfg);
     const int Hb = cfg.key_bias_heads;
-    std::vector<R> dB((size_t)(Hb * Tk), 0);
+    std::vector<R> dB((size_t)(Hb * Tk), 0), dSink((size_t)H, 0);
     std::vector<char> keep;
     std::vector<int64_t> order;
     const std::vector<int32_t> &cuk = cfg.cuk();
@@ -237,6 +246,12 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                 R Di = 0;
                 for (int c = 0; c < Dv; ++c)
                     Di += magnitude ? std::fabs(dO[oi + c] * O[oi + c]) : dO[oi + c] * O[oi + c];
+                if (!cfg.dlse.empty()) { // SPEC 11: D_i - dLSE_i
+                    const R g = (R)cfg.dlse[(size_t)(h * Tq + q0 + p)];
+                    Di += magnitude ? std::fabs(g) : -g;
+                }
+                const R sink = cfg.sinks.empty() ? -std::numeric_limits<R>::infinity()
+                                                 : (R)cfg.sinks[(size_t)h];
                 // P = exp(s - shift) / sum. The plain implementation uses its stored LSE (shift =
                 // LSE, sum = 1), as SPEC 9 defines it; the oracle the row's own max and sum, which
                 // stay exact where LSE = m + log(l) has lost log(l) (logits all near -1e30: even
@@ -255,7 +270,15 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
                             if (pass == 0) shift = std::max(shift, sv);
                             else sum += std::exp(sv - shift);
                         }
+                    if (!std::isinf((double)sink)) { // SPEC 11: the sink's term
+                        const R mn = std::max(shift, sink);
+                        sum = sum * std::exp(shift - mn) + std::exp(sink - mn);
+                        shift = mn;
+                    }
                 }
+                // SPEC 11: dsink = -sum_i P_sink,i D_i (D_i less dLSE_i)
+                if (!std::isinf((double)sink))
+                    dSink[(size_t)h] += std::exp(sink - shift) / sum * (magnitude ? Di : -Di);
                 for (int64_t pj = lo; pj <= hi; ++pj) {
                     const int64_t j = k0 + pj;
                     const size_t ki = (size_t)((j * Hkv + hk) * D);
@@ -317,6 +340,10 @@ BwdResult bwd_impl(const AttnConfig &cfg, const Dense &Qd, const Dense &Kd, cons
     if (Hb) { // float32 storage whatever the dtype: no rounding beyond R's own
         r.dBias = Dense(Hb, 1, Tk);
         for (size_t i = 0; i < dB.size(); ++i) r.dBias.v[i] = (double)dB[i];
+    }
+    if (!cfg.sinks.empty()) { // float32 too
+        r.dSinks = Dense(1, H, 1);
+        for (int h = 0; h < H; ++h) r.dSinks.v[(size_t)h] = (double)dSink[(size_t)h];
     }
     return r;
 }

@@ -38,6 +38,9 @@ struct AttnConfig {
     // SPEC 9's level for the half dtypes: the default judges against a plain flash
     // implementation (P and dS rounded to the storage dtype), HIGH against a plain one
     ringattn_precision_t precision = RINGATTN_PRECISION_DEFAULT;
+    // SPEC 11: sink logits [H] (empty: none; -inf: none for that head) and the LSE's gradient
+    // [H * Tq] (empty: zero), float32 values as doubles (the library is given them as float).
+    std::vector<double> sinks, dlse;
 
     int hkv() const { return Hkv ? Hkv : H; }
     int dv() const { return Dv ? Dv : D; }
@@ -66,6 +69,7 @@ struct FwdResult {
 struct BwdResult {
     Dense dQ, dK, dV;
     Dense dBias; // Dense(H_b, 1, Tk): v[hb * Tk + j]; empty (no elements) without a bias
+    Dense dSinks; // Dense(1, H, 1) (SPEC 11); empty without sinks
 };
 
 // SPEC 2-4 in float64 on dense inputs (Q [Tq,H,D], K [Tk,Hkv,D], V [Tk,Hkv,Dv]).

@@ -123,6 +123,13 @@ Problem::Problem(const AttnConfig &c, Storage st, std::mt19937_64 &rng, double s
         for (double &x : b) x = nd(rng);
     }
     set_bias(cfg.key_bias_heads > 0 ? b : std::vector<double>());
+    auto as_float = [](std::vector<double> &x, std::vector<float> &buf) {
+        buf.assign(x.begin(), x.end());
+        for (size_t i = 0; i < x.size(); ++i) x[i] = (double)buf[i];
+    };
+    as_float(cfg.sinks, sinks_buf);
+    as_float(cfg.dlse, dlse_buf);
+    dsinks_buf.assign(sinks_buf.size(), NAN);
 }
 
 void Problem::set_bias(const std::vector<double> &b)
@@ -163,6 +170,12 @@ ringattn_tensors_t Problem::tensors()
     t.dbias = cfg.key_bias_heads > 0 && want_dbias
                   ? static_cast<float *>(dbias_dev.bind(dbias_buf.data(), dbias_buf.size() * sizeof(float)))
                   : nullptr;
+    auto bind = [](Mirror &m, std::vector<float> &buf) {
+        return buf.empty() ? nullptr : static_cast<float *>(m.bind(buf.data(), buf.size() * sizeof(float)));
+    };
+    t.sinks = bind(sinks_dev, sinks_buf);
+    t.dsinks = bind(dsinks_dev, dsinks_buf);
+    t.dlse = bind(dlse_dev, dlse_buf);
     return t;
 }
 
@@ -172,6 +185,7 @@ void Problem::from_device()
         if (t->buf) t->buf->dev.download();
     lse_dev.download();
     dbias_dev.download();
+    dsinks_dev.download();
 }
 
 void Problem::poison_forward_outputs()
@@ -187,6 +201,7 @@ void Problem::poison_backward_outputs()
     dv.poison();
     const size_t n = std::min(bias_elems(), dbias_buf.size());
     std::fill(dbias_buf.begin(), dbias_buf.begin() + (ptrdiff_t)n, NAN);
+    std::fill(dsinks_buf.begin(), dsinks_buf.end(), NAN);
 }
 
 ringattn_status_t run_forward(const Plan &plan, Problem &pb)
@@ -413,6 +428,10 @@ bool check_against_oracle(const Plan &plan, Problem &pb, const CheckOptions &opt
         for (size_t i = 0; i < n; ++i)
             unseen_nonzero += gmag.dBias.v[i] == 0.0 && got.dBias.v[i] != 0.0;
         CK(unseen_nonzero == 0);
+    }
+    if (!pb.sinks_buf.empty()) {
+        got.dSinks = Dense(1, cfg.H, 1);
+        for (int h = 0; h < cfg.H; ++h) got.dSinks.v[(size_t)h] = pb.dsinks_buf[(size_t)h];
     }
     if (!spec9_check(cfg, Q, K, V, dO, got, judge)) ok = false;
 

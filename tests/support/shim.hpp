@@ -60,6 +60,10 @@ struct Problem {
     bool want_dbias = true; // false: tensors().dbias = NULL (not wanted)
     // The backend's copies of lse, bias_buf and dbias_buf (the TViews' buffers have their own).
     Mirror lse_dev, bias_dev, dbias_dev;
+    // SPEC 11: cfg.sinks and cfg.dlse as the library sees them (float32, rounded into cfg by
+    // the constructor), and dSinks out; each empty (NULL to the library) when cfg's is.
+    std::vector<float> sinks_buf, dsinks_buf, dlse_buf;
+    Mirror sinks_dev, dsinks_dev, dlse_dev;
 
     // A bias of cfg.key_bias_heads heads is drawn from N(0, sigma_bias) unless cfg.bias already
     // holds [H_b * Tk] values (then those are used, rounded to float32).

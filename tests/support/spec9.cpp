@@ -70,6 +70,7 @@ bool Spec9::check(const Got &got, const Spec9Options &opt) const
     grad("dK", got.dK, grad_.dK, mag_.dK, plain_grad_.dK);
     grad("dV", got.dV, grad_.dV, mag_.dV, plain_grad_.dV);
     if (!got.dBias.v.empty()) grad("dB", got.dBias, grad_.dBias, mag_.dBias, plain_grad_.dBias);
+    if (!got.dSinks.v.empty()) grad("dSk", got.dSinks, grad_.dSinks, mag_.dSinks, plain_grad_.dSinks);
     return j.ok;
 }
 

@@ -23,7 +23,7 @@ double f32_limit_grad(double max_logit); // dQ, dK, dV, dBias
 struct Got {
     Dense O;
     std::vector<double> lse;
-    Dense dQ, dK, dV, dBias;
+    Dense dQ, dK, dV, dBias, dSinks;
 };
 
 struct Spec9Options {

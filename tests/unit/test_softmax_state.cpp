@@ -77,7 +77,7 @@ void finalize(const State &st, int dv, std::vector<float> &o, float &lse)
 {
     o.assign((size_t)dv, NAN);
     lse = NAN;
-    ra__state_finalize(st.m, st.l, st.acc.data(), dv, o.data(), &lse);
+    ra__state_finalize(st.m, st.l, -INFINITY, st.acc.data(), dv, o.data(), &lse);
 }
 
 double max_abs(const std::vector<double> &x)
