@@ -6,6 +6,7 @@ last dim (SPEC 8's local rows: plan.local_tokens()). The C API cannot see a buff
 every array's shape and dtype is checked here against the plan before anything is written.
 """
 import ctypes
+import itertools
 import weakref
 
 import numpy as np
@@ -49,6 +50,11 @@ class Comm(_Handle):
     made over it and the Comm itself are gone (or by close())."""
 
     _destroy = "ringattn_comm_destroy"
+    # Every Comm is registered when it is made, under an id never reused in this process:
+    # torch ops take a comm as this int (their schema has no room for objects), and a
+    # torch.compile trace can read an attribute but cannot register anything itself.
+    _ids = itertools.count(1)
+    _registry = weakref.WeakValueDictionary()
 
     def __init__(self, handle, keepalive=None):
         self._handle = ctypes.c_void_p(handle)
@@ -57,6 +63,13 @@ class Comm(_Handle):
         rank, size = ctypes.c_int(), ctypes.c_int()
         C.call("ringattn_comm_rank", self._handle, ctypes.byref(rank), ctypes.byref(size))
         self.rank, self.size = rank.value, size.value
+        self.id = next(Comm._ids)
+        Comm._registry[self.id] = self
+
+    @staticmethod
+    def by_id(cid):
+        """The live Comm registered under cid, or None."""
+        return Comm._registry.get(cid)
 
     def close(self):
         """Destroys the comm, and first every plan still open on it."""

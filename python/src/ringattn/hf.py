@@ -33,6 +33,23 @@ the same order. A Ring may also be passed to the model as the keyword `ringattn_
 (transformers hands it to each attention call), which overrides the context and survives
 recomputation outside the `with` (gradient checkpointing).
 
+A causal LM's loss in a ring: HF's labels= would shift each rank's shard by itself (pairing
+tokens that are not neighbours); Ring.shift_labels shifts the global labels once, ends every
+document, and counts the targets of the whole batch, so that the ranks' losses (and gradients)
+add up to the one-process loss:
+
+        sl, n = r.shift_labels(labels)           # labels: the global [1, T]
+        loss = model(ids, position_ids=r.position_ids, labels=sl, shift_labels=sl,
+                     num_items_in_batch=n).loss  # labels= only turns HF's loss on
+
+torch.compile(model, fullgraph=True) traces without graph breaks, on one rank and in a ring:
+the work on tensor values (documents from position_ids or cu_seq_lens, the checks of a padding
+mask and of a ring's inputs) is the op ringattn::hf_seqlens, run when the model runs: other
+documents (or a new Ring) do not trace the model again (a new number of documents does, once,
+with dynamic shapes after it), and a padding mask with zeros is refused when the compiled
+model runs. transformers' mask functions made inside the trace are named by their code
+(co_qualname): Python 3.11+ (on older ones the trace refuses them as unknown).
+
 What it cannot express it refuses (NotImplementedError or ValueError naming it), never drops:
 a padding attention_mask with zeros, an arbitrary 4D mask, mask overlays (or/and mask
 functions, block/chunked attention, bidirectional sliding windows), static-cache key slots,
@@ -45,83 +62,17 @@ window (w - 1, 0); softcap c is c * tanh(scaling * q.k / c) (Gemma 2); scaling N
 1/sqrt(D); is_causal comes from the is_causal keyword when given, else module.is_causal.
 """
 import inspect
-import threading
+from typing import List, Optional
 
 import torch
 
 from . import torch as rt
+from ._hf_ring import Ring, current_ring, ring
 
 __all__ = ["register", "attention_forward", "mask_interface", "ring", "Ring", "current_ring",
            "NAME"]
 
 NAME = "ringattn"
-
-# ---------------------------------------------------------------------------------------------
-# The ring: a thread-local stack of active Rings
-
-_local = threading.local()
-
-
-class Ring:
-    """A sequence-parallel ring for HF models: comm, the GLOBAL cu_seqlens and a layout.
-
-    Making one is collective over comm (it plans the token layout). Use it as a context manager
-    (thread-local: each rank's thread enters its own) or pass it as model(..., ringattn_ring=r).
-    """
-
-    def __init__(self, comm, cu_seqlens, layout="zigzag"):
-        self.comm = comm
-        self.layout = layout
-        self.plan = rt.plan(cu_seqlens, layout=layout, comm=comm)
-        self.cu_seqlens = list(self.plan.cu_seqlens)
-        self.positions = rt.positions(self.plan)  # [T_local] LongTensor
-
-    @property
-    def num_local_tokens(self):
-        return int(self.positions.numel())
-
-    @property
-    def position_ids(self):
-        """[1, T_local]: the position_ids to give this rank's model call (RoPE)."""
-        return self.positions.unsqueeze(0)
-
-    def shard(self, x, dim=1):
-        """This rank's tokens of a global tensor along dim (1: HF's [B=1, T, ...])."""
-        return rt.shard(x, self.plan, dim=dim)
-
-    def unshard(self, x, dim=1):
-        """A global tensor with this rank's tokens in place, zeros elsewhere (sum over ranks)."""
-        return rt.unshard(x, self.plan, dim=dim)
-
-    def __enter__(self):
-        stack = getattr(_local, "stack", None)
-        if stack is None:
-            stack = _local.stack = []
-        stack.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        stack = _local.stack
-        if not stack or stack[-1] is not self:
-            raise RuntimeError("ringattn.hf: Ring contexts exited out of order")
-        stack.pop()
-        return False
-
-    def __repr__(self):
-        return "Ring(%d of %d tokens, layout=%s)" % (self.num_local_tokens, self.cu_seqlens[-1],
-                                                     self.layout)
-
-
-def ring(comm, cu_seqlens, layout="zigzag"):
-    """A Ring (see the module docstring); `with ring(...) as r:` makes it this thread's."""
-    return Ring(comm, cu_seqlens, layout)
-
-
-def current_ring():
-    """The innermost Ring this thread has entered, or None."""
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
-
 
 # ---------------------------------------------------------------------------------------------
 # The mask interface: no O(S^2) mask, and a refusal of every pattern ringattn does not compute
@@ -155,11 +106,19 @@ def _mask_pieces(fn, depth=0):
                 yield from _mask_pieces(sub, depth + 1)
 
 
+def _qualname(fn):
+    """fn's qualified name, read from its code where it has one: under torch.compile the
+    closures transformers makes inside the trace have no __qualname__, but their __code__ is
+    the real one (co_qualname: Python 3.11+)."""
+    name = getattr(getattr(fn, "__code__", None), "co_qualname", None)
+    return name if name is not None else getattr(fn, "__qualname__", type(fn).__name__)
+
+
 def _check_mask_function(mask_function):
     """The names of a mask_function's pieces; NotImplementedError for any not known."""
     names, unknown = set(), []
     for piece in _mask_pieces(mask_function):
-        name = getattr(piece, "__qualname__", type(piece).__name__)
+        name = _qualname(piece)
         module = getattr(piece, "__module__", "")
         if not (inspect.isfunction(piece) and module == "transformers.masking_utils"
                 and name in _KNOWN_MASK_PIECES):
@@ -193,7 +152,10 @@ def mask_interface(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                 "DynamicCache" % (kv_offset, kv_offset + kv_length - 1, q_offset + q_length - 1))
     if attention_mask is not None:
         attention_mask = attention_mask[:, -kv_length:]
-        if attention_mask.shape[-1] == kv_length and bool(attention_mask.all()):
+        # a traced model cannot branch on the mask's values: it goes to the attention function,
+        # whose host op refuses zeros when the model runs
+        if (not torch.compiler.is_compiling() and attention_mask.shape[-1] == kv_length
+                and bool(attention_mask.all())):
             return None
     return attention_mask
 
@@ -201,32 +163,90 @@ def mask_interface(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
 # ---------------------------------------------------------------------------------------------
 # The attention function
 
-def _ints(x, what):
-    return list(rt.host_ints(x, what))
+# The batch's boundaries and the checks on tensor values, in an op. Packed boundaries found
+# from position_ids, cu_seq_lens given to the model, a padding mask and a ring's position_ids
+# are tensor values read on the host: a trace cannot read them (under torch.compile each read
+# is a graph break, and fullgraph=True fails), so they are this op's real kernel, run when the
+# model runs, eager or compiled; its fake kernel gives the shapes. It returns cu_seqlens and
+# cu_seqlens_k for ringattn::forward as CPU int32 tensors whose sizes follow from shapes alone:
+# boundaries found from position_ids fill B * S + 1 entries, the unused ones repeating the
+# total (empty sequences, which the forward drops), and cu_seqlens_k is empty where the keys
+# follow the queries' boundaries.
+
+def _int32(values):
+    return torch.tensor(list(values), dtype=torch.int32, device="cpu")
 
 
 def _cu_from_positions(position_ids, batch, seq):
-    """Sequence starts where a position is not its predecessor's + 1, and at every row."""
-    pos = position_ids.detach()
-    if pos.dim() == 1:
-        pos = pos.unsqueeze(0)
-    if pos.dim() != 2 or pos.shape[-1] != seq or pos.shape[0] not in (1, batch):
-        raise ValueError("ringattn: position_ids of shape %s for a batch of %d rows of %d tokens"
-                         % (tuple(position_ids.shape), batch, seq))
-    pos = pos.expand(batch, seq)
-    starts = torch.ones((batch, seq), dtype=torch.bool, device=pos.device)
+    """Sequence starts where a position is not its predecessor's + 1, and at every row; then
+    the total up to batch * seq + 1 entries."""
+    pos = position_ids.detach().cpu().long().reshape(-1, seq).expand(batch, seq)
+    starts = torch.ones((batch, seq), dtype=torch.bool, device="cpu")
     starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
-    return starts.reshape(-1).nonzero().reshape(-1).cpu().tolist() + [batch * seq]
+    found = starts.reshape(-1).nonzero().reshape(-1)
+    cu = torch.full((batch * seq + 1,), batch * seq, dtype=torch.int32, device="cpu")
+    cu[:found.numel()] = found
+    return cu
+
+
+def _given(cu, name, total):
+    cu = list(rt.host_ints(cu, name))
+    if cu[0] != 0 or cu[-1] != total:
+        raise ValueError("ringattn: %s %s must run from 0 to the %d tokens" % (name, cu, total))
+    return cu
+
+
+@torch.library.custom_op("ringattn::hf_seqlens", mutates_args=())
+def _seqlens(batch: int, seq: int, seq_k: int, position_ids: Optional[torch.Tensor],
+             cu_seq_lens_q: Optional[torch.Tensor], cu_seq_lens_k: Optional[torch.Tensor],
+             attention_mask: Optional[torch.Tensor], ring_cu: Optional[torch.Tensor],
+             ring_positions: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise NotImplementedError(
+            "ringattn: a padding attention_mask with zeros is not supported; pack the "
+            "sequences instead (position_ids restarting at 0, or cu_seq_lens_q/k)")
+    if ring_cu is not None:  # a ring: its own boundaries, and checks
+        ring_cu = list(rt.host_ints(ring_cu, "ring cu_seqlens"))
+        for name, given in (("cu_seq_lens_q", cu_seq_lens_q), ("cu_seq_lens_k", cu_seq_lens_k)):
+            given = None if given is None else list(rt.host_ints(given, name))
+            if given is not None and given != ring_cu:
+                raise ValueError("ringattn: %s %s differs from the ring's global cu_seqlens %s"
+                                 % (name, given, ring_cu))
+        if position_ids is not None and not torch.equal(
+                position_ids.detach().reshape(-1).cpu().long(), ring_positions):
+            raise ValueError("ringattn: position_ids are not this rank's positions in the "
+                             "ring: pass position_ids=ring.position_ids")
+        return [_int32(ring_cu), _int32([])]
+    if cu_seq_lens_q is not None:
+        return [_int32(_given(cu_seq_lens_q, "cu_seq_lens_q", batch * seq)),
+                _int32([] if cu_seq_lens_k is None else
+                       _given(cu_seq_lens_k, "cu_seq_lens_k", batch * seq_k))]
+    if position_ids is not None:
+        return [_cu_from_positions(position_ids, batch, seq), _int32([])]
+    # one sequence a row; with a KV cache (seq_k > seq) its queries are the last of its keys
+    return [_int32(i * seq for i in range(batch + 1)),
+            _int32(i * seq_k for i in range(batch + 1)) if seq_k != seq else _int32([])]
+
+
+@_seqlens.register_fake
+def _seqlens_fake(batch, seq, seq_k, position_ids, cu_seq_lens_q, cu_seq_lens_k,
+                  attention_mask, ring_cu, ring_positions):
+    if ring_cu is not None:
+        n_q, n_k = ring_cu.shape[0], 0
+    elif cu_seq_lens_q is not None:
+        n_q, n_k = cu_seq_lens_q.shape[0], 0 if cu_seq_lens_k is None else cu_seq_lens_k.shape[0]
+    elif position_ids is not None:
+        n_q, n_k = batch * seq + 1, 0
+    else:
+        n_q, n_k = batch + 1, 0 if seq_k == seq else batch + 1
+    return [torch.empty(n_q, dtype=torch.int32, device="cpu"),
+            torch.empty(n_k, dtype=torch.int32, device="cpu")]
 
 
 def _refuse(module, attention_mask, dropout, kwargs):
+    # a 2D (padding) mask is refused by _seqlens if it holds zeros
     if attention_mask is not None:
-        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-            if not bool(attention_mask.all()):
-                raise NotImplementedError(
-                    "ringattn: a padding attention_mask with zeros is not supported; pack the "
-                    "sequences instead (position_ids restarting at 0, or cu_seq_lens_q/k)")
-        else:
+        if not (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2):
             shape = tuple(getattr(attention_mask, "shape", ()))
             raise NotImplementedError(
                 "ringattn: an explicit attention mask (%s of shape %s) is not supported; "
@@ -284,7 +304,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     cu_q_kw = kwargs.get("cu_seq_lens_q")
     cu_k_kw = kwargs.get("cu_seq_lens_k")
     position_ids = kwargs.get("position_ids")
-    cu_k = None
+    if position_ids is not None and (position_ids.dim() not in (1, 2) or
+                                     position_ids.shape[-1] != s or
+                                     position_ids.numel() not in (s, b * s)):
+        raise ValueError("ringattn: position_ids of shape %s for a batch of %d rows of %d tokens"
+                         % (tuple(position_ids.shape), b, s))
+    mask = attention_mask.detach() if attention_mask is not None else None
     if ring_ is not None:
         if b != 1:
             raise ValueError("ringattn: in a ring the model takes one batch row of this rank's "
@@ -297,42 +322,25 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             raise ValueError("ringattn: this rank holds %d tokens of the ring's batch, the model "
                              "got %d (shard the input with Ring.shard)"
                              % (ring_.num_local_tokens, s))
-        for name, given in (("cu_seq_lens_q", cu_q_kw), ("cu_seq_lens_k", cu_k_kw)):
-            given = None if given is None else _ints(given, name)
-            if given is not None and given != ring_.cu_seqlens:
-                raise ValueError("ringattn: %s %s differs from the ring's global cu_seqlens %s"
-                                 % (name, given, ring_.cu_seqlens))
-        if position_ids is not None:
-            pos = position_ids.detach().reshape(-1)
-            if pos.numel() != s or not torch.equal(pos.cpu().long(), ring_.positions):
-                raise ValueError("ringattn: position_ids are not this rank's positions in the "
-                                 "ring: pass position_ids=ring.position_ids")
-        cu_q, layout, comm = ring_.cu_seqlens, ring_.layout, ring_.comm
+        cu_q, _ = _seqlens(b, s, s_k, position_ids, cu_q_kw, cu_k_kw, mask, ring_._cu_tensor,
+                           ring_.positions)
+        cu_k, layout, comm = None, ring_.layout, ring_.comm
     else:
-        layout, comm = "contiguous", None
-        if cu_q_kw is not None:
-            cu_q = _ints(cu_q_kw, "cu_seq_lens_q")
-            cu_k = _ints(cu_k_kw, "cu_seq_lens_k") if cu_k_kw is not None else None
-            if cu_k == cu_q:
-                cu_k = None
-        elif cu_k_kw is not None:
+        if cu_q_kw is None and cu_k_kw is not None:
             raise ValueError("ringattn: cu_seq_lens_k given without cu_seq_lens_q")
-        elif s_k != s:  # KV cache: one sequence per row, bottom-right aligned
-            cu_q = [i * s for i in range(b + 1)]
-            cu_k = [i * s_k for i in range(b + 1)]
-        elif position_ids is not None:
-            cu_q = _cu_from_positions(position_ids, b, s)
-        else:
-            cu_q = [i * s for i in range(b + 1)]
-        if cu_q[0] != 0 or cu_q[-1] != b * s:
-            raise ValueError("ringattn: cu_seq_lens_q %s must run from 0 to the %d query tokens"
-                             % (cu_q, b * s))
-        if cu_k is None and s_k != s:
+        if cu_q_kw is not None and s_k != s and cu_k_kw is None:
             raise ValueError("ringattn: cu_seq_lens_q without cu_seq_lens_k for %d keys and %d "
                              "queries per row" % (s_k, s))
-        if cu_k is not None and (cu_k[0] != 0 or cu_k[-1] != b * s_k or len(cu_k) != len(cu_q)):
-            raise ValueError("ringattn: cu_seq_lens_k %s must run from 0 to the %d key tokens, "
-                             "one boundary per cu_seq_lens_q's" % (cu_k, b * s_k))
+        if cu_k_kw is not None and cu_k_kw.shape != cu_q_kw.shape:
+            raise ValueError("ringattn: cu_seq_lens_k of shape %s for cu_seq_lens_q of shape %s: "
+                             "one boundary per query boundary"
+                             % (tuple(cu_k_kw.shape), tuple(cu_q_kw.shape)))
+        # packing is looked for only when keys and queries are the same tokens (no KV cache)
+        cu_q, cu_k = _seqlens(b, s, s_k, position_ids if s_k == s else None, cu_q_kw, cu_k_kw,
+                              mask, None, None)
+        if cu_k_kw is None and s_k == s:
+            cu_k = None
+        layout, comm = "contiguous", None
 
     q = query.transpose(1, 2).reshape(b * s, h, d)
     k = key.transpose(1, 2).reshape(b * s_k, h_kv, d)

@@ -18,43 +18,38 @@ requires_grad False, so autograd refuses a loss that needs its gradient instead 
 """
 import collections
 import ctypes
-import itertools
 import threading
-import weakref
 from typing import List, Optional, Tuple
 
 import torch
 
 from . import _capi as C
-from .core import Plan
+from .core import Comm, Plan
 
 __all__ = ["attention", "plan", "shard", "unshard", "positions", "ShardPlan", "clear_cache"]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _LAYOUTS = ("contiguous", "zigzag", "striped")
 
-# Ops take a comm as an int (their schema has no room for objects): its id in this registry.
-_comm_ids = itertools.count(1)
-_comms = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
 _plans = collections.OrderedDict()
 _PLAN_CACHE_SIZE = 64
 
 
 def _comm_id(comm):
+    """Ops take a comm as an int (their schema has no room for objects): the id it was
+    registered under when made (Comm.id), which a torch.compile trace reads as a constant."""
     if comm is None:
         return 0
-    cid = getattr(comm, "_torch_op_id", None)
-    if cid is None:
-        cid = comm._torch_op_id = next(_comm_ids)
-        _comms[cid] = comm
-    return cid
+    if not isinstance(comm, Comm):
+        raise _bad("comm must be a ringattn.Comm, got %r" % (comm,))
+    return comm.id
 
 
 def _comm(cid):
     if cid == 0:
         return None
-    comm = _comms.get(cid)
+    comm = Comm.by_id(cid)
     if comm is None:
         raise C.UsageError(C.INVALID_USAGE, "ringattn: the op's comm (%d) no longer exists" % cid)
     return comm
@@ -101,9 +96,25 @@ def _check_inputs(q, k, v):
         raise _bad("k %s and v %s must have the same tokens and heads" % (tuple(k.shape), tuple(v.shape)))
 
 
+def _drop_empty_tail(cu, cu_k):
+    """cu_seqlens (and cu_seqlens_k) without their trailing sequences empty in both, which
+    change nothing. Boundaries that ringattn.hf finds under torch.compile come as one entry a
+    token (a traced shape cannot depend on values), the unused ones repeating the total: the
+    plan would carry an empty sequence for each, and their host copy would cost per call."""
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 3 or (
+            cu_k is not None and not (isinstance(cu_k, torch.Tensor) and cu_k.shape == cu.shape)):
+        return cu, cu_k
+    keep = 2
+    for t in (cu,) if cu_k is None else (cu, cu_k):
+        differ = torch.nonzero(t != t[-1])  # the last entry before the tail's run
+        keep = max(keep, int(differ[-1]) + 2 if differ.numel() else 2)
+    return cu[:keep], None if cu_k is None else cu_k[:keep]
+
+
 def _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal, window_left,
               window_right, softcap, scale, keep_k, layout, comm_id):
     _check_inputs(q, k, v)
+    cu_seqlens, cu_seqlens_k = _drop_empty_tail(cu_seqlens, cu_seqlens_k)
     cu = host_ints(cu_seqlens, "cu_seqlens")
     cu_k = host_ints(cu_seqlens_k, "cu_seqlens_k")
     slopes = (None if alibi_slopes is None
