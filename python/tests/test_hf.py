@@ -242,8 +242,6 @@ def test_non_causal_direct(how):
 def test_direct_refusals():
     module = types.SimpleNamespace(is_causal=True, config=None, training=False)
     q = k = v = torch.randn(1, 2, 8, 4)
-    with pytest.raises(NotImplementedError, match="sinks"):
-        hf.attention_forward(module, q, k, v, None, s_aux=torch.zeros(2))
     with pytest.raises(NotImplementedError, match="bidirectional sliding window"):
         hf.attention_forward(module, q, k, v, None, sliding_window=4, is_causal=False)
     with pytest.raises(ValueError, match="sliding_window must be >= 1"):

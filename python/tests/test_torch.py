@@ -84,13 +84,6 @@ def test_fully_masked_rows_are_zero_with_lse_minus_inf():
     assert_within(*judge(q, k, v, None, dout, cu, mask, (out, lse, grads)), "empty rows")
 
 
-def test_lse_is_not_differentiable():
-    cu, _, q, k, v, _, _ = make_inputs(1, [10], 2, 2, 8, 8, torch.float32)
-    q.requires_grad_()
-    out, lse = rt.attention(q, k, v, cu, causal=True)
-    assert out.requires_grad and not lse.requires_grad
-
-
 def test_backward_is_deterministic():
     cu, _, q, k, v, _, dout = make_inputs(2, [90, 31], 4, 2, 32, 32, torch.float32)
     a = ringattn_run(q, k, v, None, dout, cu, {"causal": True})
@@ -108,8 +101,16 @@ def test_opcheck_forward_and_backward_ops():
     torch.library.opcheck(torch.ops.ringattn.forward.default, args)
     out, lse = torch.ops.ringattn.forward(*args)
     torch.library.opcheck(torch.ops.ringattn.backward.default,
-                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse) +
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach()) +
                           args[3:6] + (bias.detach(),) + args[7:] + (True,))
+    # with sinks (SPEC 11: their gradient) and a gradient of lse
+    sinks = torch.tensor([0.5, -1.0, float("-inf"), 2.0], requires_grad=True)
+    torch.library.opcheck(torch.ops.ringattn.forward.default, args + (sinks,))
+    out, lse = torch.ops.ringattn.forward(*args, sinks)
+    torch.library.opcheck(torch.ops.ringattn.backward.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach()) +
+                          args[3:6] + (bias.detach(),) + args[7:] +
+                          (True, sinks.detach(), torch.randn_like(lse)))
 
 
 class TinyAttention(torch.nn.Module):

@@ -90,7 +90,11 @@ class Tensors(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("o", Tensor), ("lse", ctypes.c_void_p), ("dout", Tensor), ("dq", Tensor),
                 ("dk", Tensor), ("dv", Tensor), ("key_bias", ctypes.c_void_p),
-                ("dbias", ctypes.c_void_p)]
+                ("dbias", ctypes.c_void_p),
+                # since 0.3 (the KV cache's new tokens; not used here), since 0.5 (SPEC 11)
+                ("k_new", Tensor), ("v_new", Tensor), ("key_bias_new", ctypes.c_void_p),
+                ("sinks", ctypes.c_void_p), ("dsinks", ctypes.c_void_p),
+                ("dlse", ctypes.c_void_p)]
 
     def __init__(self, **fields):
         super().__init__(struct_size=ctypes.sizeof(Tensors), **fields)

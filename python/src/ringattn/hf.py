@@ -53,8 +53,10 @@ model runs. transformers' mask functions made inside the trace are named by thei
 What it cannot express it refuses (NotImplementedError or ValueError naming it), never drops:
 a padding attention_mask with zeros, an arbitrary 4D mask, mask overlays (or/and mask
 functions, block/chunked attention, bidirectional sliding windows), static-cache key slots,
-dropout > 0, output_attentions, attention sinks (s_aux), paged attention, and in a ring a
-batch of more than one row, a KV cache, or position_ids other than the ring's.
+dropout > 0, output_attentions, paged attention, and in a ring a
+batch of more than one row, a KV cache, or position_ids other than the ring's. Attention sinks
+(gpt-oss's s_aux) are ringattn's own (SPEC 11: once per row, in the ring too; their gradient
+on each rank is its rows' part, summed over the ranks as every parameter's).
 
 Conventions, checked against transformers 5.24's masks: sliding_window = w keeps the w keys
 q - w + 1 .. q (masking_utils.sliding_window_overlay: kv_idx > q_idx - w), i.e. ringattn's
@@ -261,9 +263,6 @@ def _refuse(module, attention_mask, dropout, kwargs):
         raise NotImplementedError(
             "ringattn: output_attentions is not supported (the attention weights are never "
             "formed); use attn_implementation='eager' to get them")
-    for name in ("s_aux", "sinks"):
-        if kwargs.get(name) is not None:
-            raise NotImplementedError("ringattn: attention sinks (%s) are not supported" % name)
     for name in ("block_table", "k_cache", "v_cache"):
         if kwargs.get(name) is not None:
             raise NotImplementedError("ringattn: paged attention (%s) is not supported" % name)
@@ -349,8 +348,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     out, _ = rt.attention(q, k, v, cu_q, cu_seqlens_k=cu_k, causal=causal, window=window,
                           softcap=0.0 if softcap is None else float(softcap),
                           scale=None if scaling is None else float(scaling),
-                          layout=layout, comm=comm)
+                          layout=layout, comm=comm, sinks=_sinks(kwargs))
     return out.reshape(b, s, h, out.shape[-1]), None
+
+
+def _sinks(kwargs):
+    """gpt-oss passes its per-head sink logits as s_aux (some models as sinks): SPEC 11."""
+    for name in ("s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            return kwargs[name].reshape(-1)
+    return None
 
 
 def register():

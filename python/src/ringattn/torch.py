@@ -13,8 +13,9 @@ them without graph breaks) and autograd (the backward is the library's determini
 backward). Plans are made on first use and cached by shapes, dtype, device, mask and comm; on
 a comm, plan creation and every call are collective: every rank makes the same calls in the
 same order. CPU tensors run on the CPU backend; CUDA tensors on the CUDA backend (a build with
-CUDA), enqueued on the current stream. lse is not differentiable: it comes back with
-requires_grad False, so autograd refuses a loss that needs its gradient instead of dropping it.
+CUDA), enqueued on the current stream. Both out and lse are differentiable (a loss may use lse,
+e.g. to merge with other attention terms: its gradient reaches the library's backward as dlse,
+SPEC 11). Attention sinks (gpt-oss): sinks=[H].
 """
 import collections
 import ctypes
@@ -182,8 +183,8 @@ def _stream(t):
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
              cu_seqlens_k: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
              key_bias: Optional[torch.Tensor], causal: bool, window_left: int, window_right: int,
-             softcap: float, scale: float, keep_k: int, layout: int,
-             comm_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+             softcap: float, scale: float, keep_k: int, layout: int, comm_id: int,
+             sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     plan = _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
                      window_left, window_right, softcap, scale, keep_k, layout, comm_id)
     q, k, v = _readable(q), _readable(k), _readable(v)
@@ -192,13 +193,24 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torc
     t = C.Tensors(q=_t(q), k=_t(k), v=_t(v), o=_t(out), lse=lse.data_ptr())
     if key_bias is not None:
         t.key_bias = key_bias.data_ptr()
+    if sinks is not None:
+        t.sinks = _check_sinks(sinks, q).data_ptr()
     plan.forward_raw(t, _stream(q))
     return out, lse
 
 
+def _check_sinks(sinks, q):
+    """SPEC 11's sinks: [H] float32 on q's device (attention() casts them), contiguous."""
+    if (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[1],) or
+            sinks.device != q.device):
+        raise _bad("sinks must be a float32 tensor of shape (%d,) on %s, got %s %s on %s" %
+                   (q.shape[1], q.device, sinks.dtype, tuple(sinks.shape), sinks.device))
+    return sinks.contiguous()
+
+
 @_forward.register_fake
 def _forward_fake(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
-                  window_left, window_right, softcap, scale, keep_k, layout, comm_id):
+                  window_left, window_right, softcap, scale, keep_k, layout, comm_id, sinks=None):
     _check_inputs(q, k, v)
     return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
@@ -210,7 +222,8 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               cu_seqlens_k: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
               key_bias: Optional[torch.Tensor], causal: bool, window_left: int,
               window_right: int, softcap: float, scale: float, keep_k: int, layout: int,
-              comm_id: int, want_dbias: bool) -> List[torch.Tensor]:
+              comm_id: int, want_dbias: bool, sinks: Optional[torch.Tensor] = None,
+              dlse: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     plan = _get_plan(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, causal,
                      window_left, window_right, softcap, scale, keep_k, layout, comm_id)
     if dout.shape[2] > 1 and dout.stride(2) != 1:
@@ -226,43 +239,60 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         if want_dbias:
             dbias = torch.empty_like(key_bias)
             t.dbias = dbias.data_ptr()
+    dsinks = q.new_empty((0,), dtype=torch.float32)
+    if sinks is not None:  # SPEC 11: this rank's part of the sinks' gradient
+        sinks = _check_sinks(sinks, q)
+        dsinks = torch.empty_like(sinks)
+        t.sinks, t.dsinks = sinks.data_ptr(), dsinks.data_ptr()
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+        t.dlse = dlse.data_ptr()
     plan.backward_raw(t, _stream(q))
-    return [dq, dk, dv, dbias]
+    return [dq, dk, dv, dbias, dsinks]
 
 
 @_backward.register_fake
 def _backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias,
                    causal, window_left, window_right, softcap, scale, keep_k, layout, comm_id,
-                   want_dbias):
+                   want_dbias, sinks=None, dlse=None):
     dbias = (torch.empty_like(key_bias) if key_bias is not None and want_dbias
              else q.new_empty((0,), dtype=torch.float32))
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias]
+    dsinks = (torch.empty_like(sinks) if sinks is not None
+              else q.new_empty((0,), dtype=torch.float32))
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dsinks]
 
 
 _MASK_ARGS = ("cu_seqlens", "cu_seqlens_k", "alibi_slopes", "key_bias", "causal", "window_left",
               "window_right", "softcap", "scale", "keep_k", "layout", "comm_id")
 
 
+_SINKS = 3 + len(_MASK_ARGS)  # the forward's last input
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
-    ctx.mask = inputs[3:]
+    ctx.mask = inputs[3:_SINKS]
     ctx.want_dbias = inputs[6] is not None and ctx.needs_input_grad[6]
-    ctx.save_for_backward(q, k, v, out, lse)
-    # lse carries no gradient (requires_grad False), so a loss through it cannot get a silent
-    # zero: autograd says so where it is used
-    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, inputs[_SINKS])
     ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    """SPEC 7 and 11: lse is differentiable too (its gradient dlse enters as D_i - dlse_i)."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    grads = [None] * (_SINKS + 1)
+    if dout is None and dlse is None:
+        return tuple(grads)
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, *ctx.mask, ctx.want_dbias)
-    grads = [dq, dk, dv] + [None] * len(_MASK_ARGS)
+    dq, dk, dv, dbias, dsinks = _backward(dout, q, k, v, out, lse, *ctx.mask, ctx.want_dbias,
+                                          sinks, dlse)
+    grads[:3] = dq, dk, dv
     if ctx.want_dbias:
         grads[6] = dbias
+    if sinks is not None and ctx.needs_input_grad[_SINKS]:
+        grads[_SINKS] = dsinks
     return tuple(grads)
 
 
@@ -272,12 +302,16 @@ torch.library.register_autograd("ringattn::forward", _autograd_backward,
 
 def attention(q, k, v, cu_seqlens, *, cu_seqlens_k=None, causal=False, window=(-1, -1),
               softcap=0.0, alibi_slopes=None, scale=None, key_bias=None, keep_k=0,
-              layout="contiguous", comm=None):
+              layout="contiguous", comm=None, sinks=None):
     """Attention of this rank's queries over every key of their sequences (module docstring).
 
     window = (left, right) keys before and after each query's position, -1 unbounded (causal
     sets right = 0); softcap 0 is off; scale None is 1/sqrt(D); key_bias [heads, T_local_k]
-    float32 (SPEC 6's dynamic mask bias, differentiable) with keep_k its top-k selection.
+    float32 (SPEC 6's dynamic mask bias, differentiable) with keep_k its top-k selection;
+    sinks [heads] (SPEC 11: gpt-oss's attention sinks, one logit a head joining every row's
+    softmax as a key of value 0; differentiable, any float dtype, computed in float32; in a
+    ring each rank's gradient is its rows' part, summed over the ranks as for every replicated
+    parameter). out and lse are both differentiable.
     """
     if layout not in _LAYOUTS:
         raise _bad("layout must be one of %s, got %r" % (_LAYOUTS, layout))
@@ -288,9 +322,11 @@ def attention(q, k, v, cu_seqlens, *, cu_seqlens_k=None, causal=False, window=(-
     if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
         alibi_slopes = torch.tensor(list(alibi_slopes), dtype=torch.float32)
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if sinks is not None:
+        sinks = sinks.to(torch.float32)  # differentiable: the gradient comes back in its dtype
     return _forward(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, bool(causal),
                     left, right, float(softcap), 0.0 if scale is None else float(scale),
-                    int(keep_k), _LAYOUTS.index(layout), _comm_id(comm))
+                    int(keep_k), _LAYOUTS.index(layout), _comm_id(comm), sinks)
 
 
 class ShardPlan:
