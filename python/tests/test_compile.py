@@ -5,9 +5,6 @@ by torch._dynamo.explain, and the compiled model's logits and parameter gradient
 eager run of the same model (backend aot_eager).
 """
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ from torch._dynamo.backends.debugging import aot_eager
 import ringattn
 import ringattn.hf as hf
 import ringattn.torch as rt
+import ranks
 import hf_models as M
 from transformers import masking_utils as mu
 
@@ -201,29 +199,9 @@ def test_hf_new_batches_are_not_traced_again():
 # --------------------------------------------------------------------------------------------
 # HF models on a 2-rank ring (issue 33, item 1): compile_worker.py in two processes
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_hf_fullgraph_two_rank_ring(tmp_path):
     P = 2
-    env = dict(os.environ, RINGATTN_COMM_TIMEOUT="60", OMP_NUM_THREADS="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(P))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "compile_worker.py"),
-                               str(tmp_path)], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(P)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    ranks.processes("compile_worker.py", [tmp_path], P)
     parts = [torch.load(os.path.join(tmp_path, "rank%d.pt" % r)) for r in range(P)]
     ids, g, pos = M.tokens(), M.projection(), M.packed_positions()
     for name in M.CONFIGS:

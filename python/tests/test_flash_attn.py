@@ -3,7 +3,6 @@ ringattn.ring_flash_attn): one rank against PyTorch's float64 attention (SPEC 9)
 run over torch.distributed (gloo) of every ring form, of a training script written for
 ring-flash-attn with only its import line changed, and of the Hugging Face substitution."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 import flash_attn_cases as fc
+import ranks
 import ringattn
 from cases import assert_within, judge, make_inputs
 
@@ -188,26 +188,9 @@ def ring_run(tmp_path_factory):
     script = str(out / "ring_flash_attn_train.py")
     with open(script, "w") as f:
         f.write(rewritten)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, RINGATTN_COMM_TIMEOUT="30", OMP_NUM_THREADS="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "flash_attn_worker.py"),
-                               str(out), script], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    ranks = [torch.load(str(out / ("rank%d.pt" % r))) for r in range(WORLD)]
-    return {"ranks": ranks, "script": torch.load(str(out / "script.pt")), "path": script}
+    ranks.processes("flash_attn_worker.py", [out, script], WORLD, comm_timeout=30)
+    parts = [torch.load(str(out / ("rank%d.pt" % r))) for r in range(WORLD)]
+    return {"ranks": parts, "script": torch.load(str(out / "script.pt")), "path": script}
 
 
 @pytest.mark.parametrize("name", sorted(fc.CASES))

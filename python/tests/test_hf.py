@@ -6,15 +6,13 @@ gradients of one rank, of packed sequences and of a 2-rank zigzag ring (threads)
 eager's; the masks ringattn cannot express must be refused.
 """
 import copy
-import threading
 import types
 
 import pytest
 import torch
 
-import ringattn
+import ranks
 import ringattn.hf as hf
-import ringattn.torch as rt
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
 from transformers import masking_utils
 
@@ -257,9 +255,6 @@ def test_direct_refusals():
 
 
 def run_ring(models_per_rank, ids, g, cu, layout="zigzag", mechanism="context"):
-    comms = ringattn.Comm.threads(len(models_per_rank))
-    results, errors = [None] * len(comms), []
-
     def step(model, R, **kw):
         model.zero_grad(set_to_none=True)
         logits = model(R.shard(ids), position_ids=R.position_ids, use_cache=False, **kw).logits
@@ -267,34 +262,21 @@ def run_ring(models_per_rank, ids, g, cu, layout="zigzag", mechanism="context"):
         return (R.unshard(logits.detach()),
                 {n: p.grad.clone() for n, p in model.named_parameters()})
 
-    def rank(r):
-        try:
-            if mechanism == "context":  # a thread-local context
-                with hf.ring(comms[r], cu, layout) as R:
-                    results[r] = step(models_per_rank[r], R)
-            else:  # the Ring passed through the model's keywords, which gradient
-                # checkpointing keeps for its recomputation in the backward
-                model = models_per_rank[r]
-                getattr(model, "activation_checkpointing_enable",
-                        getattr(model, "gradient_checkpointing_enable", None))()
-                models_per_rank[r].train()
-                R = hf.Ring(comms[r], cu, layout)
-                assert hf.current_ring() is None
-                results[r] = step(models_per_rank[r], R, ringattn_ring=R)
-        except BaseException as e:  # reported by the main thread
-            errors.append((r, e))
+    def rank(comm, r):
+        if mechanism == "context":  # a thread-local context
+            with hf.ring(comm, cu, layout) as R:
+                return step(models_per_rank[r], R)
+        # the Ring passed through the model's keywords, which gradient checkpointing keeps
+        # for its recomputation in the backward
+        model = models_per_rank[r]
+        getattr(model, "activation_checkpointing_enable",
+                getattr(model, "gradient_checkpointing_enable", None))()
+        model.train()
+        R = hf.Ring(comm, cu, layout)
+        assert hf.current_ring() is None
+        return step(model, R, ringattn_ring=R)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(comms))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    rt.clear_cache()
-    for c in comms:
-        c.close()
-    if errors:
-        raise errors[0][1]
+    results = ranks.threads(rank, len(models_per_rank))
     logits = sum(res[0] for res in results)
     grads = {n: sum(res[1][n] for res in results) for n in results[0][1]}
     return logits, grads

@@ -8,14 +8,11 @@ framework does). bfloat16: within 2x eager's own error against a float32 eager r
 MoE has no float64 kernels; float32's error is 1e-7 of bfloat16's 1e-2).
 """
 import copy
-import threading
 
-import pytest
 import torch
 
-import ringattn
+import ranks
 import ringattn.hf as hf
-import ringattn.torch as rt
 from transformers import AutoModelForCausalLM, GptOssConfig
 
 hf.register()
@@ -86,31 +83,17 @@ def test_two_rank_ring_matches_eager_with_sinks():
     ids, g, pos = inputs()
     le, ge = run_documents(eager, ids, g)
     models = [ring, copy.deepcopy(ring)]
-    comms = ringattn.Comm.threads(2)
-    results, errors = [None, None], []
 
-    def rank(r):
-        try:
-            with hf.ring(comms[r], [0, 20, S], "zigzag") as R:
-                model = models[r]
-                model.zero_grad(set_to_none=True)
-                logits = model(R.shard(ids), position_ids=R.position_ids, use_cache=False).logits
-                (logits * R.shard(g)).sum().backward()
-                results[r] = (R.unshard(logits.detach()),
-                              {n: p.grad.clone() for n, p in model.named_parameters()})
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+    def rank(comm, r):
+        with hf.ring(comm, [0, 20, S], "zigzag") as R:
+            model = models[r]
+            model.zero_grad(set_to_none=True)
+            logits = model(R.shard(ids), position_ids=R.position_ids, use_cache=False).logits
+            (logits * R.shard(g)).sum().backward()
+            return (R.unshard(logits.detach()),
+                    {n: p.grad.clone() for n, p in model.named_parameters()})
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    rt.clear_cache()
-    for c in comms:
-        c.close()
-    if errors:
-        raise errors[0]
+    results = ranks.threads(rank, 2)
     assert err(results[0][0] + results[1][0], le) <= 1e-4
     for n in ge:  # the sinks' gradient: added once per row, the ranks' parts summed
         assert err(results[0][1][n] + results[1][1][n], ge[n]) <= 1e-4, n

@@ -3,15 +3,13 @@ once, ends every document, and counts the targets over the whole batch, so that 
 losses (HF's loss with shift_labels= and num_items_in_batch=) add up to the one-process loss,
 and their gradients to its gradients. HF's own labels= shifts each rank's shard by itself:
 that loss is wrong, which the last test shows."""
-import threading
 
 import pytest
 import torch
 
-import ringattn
 import ringattn.hf as hf
-import ringattn.torch as rt
 import hf_models as M
+import ranks
 
 RTOL_LOSS, RTOL_GRAD = 1e-5, 1e-4  # float32, relative (as test_compile.py)
 
@@ -53,38 +51,22 @@ def one_process():
 
 def ring_losses(how, P=2):
     """Each rank's loss and gradients in a 2-rank zigzag ring (threads), labels passed `how`."""
-    comms = ringattn.Comm.threads(P)
     models = [M.model("llama") for _ in range(P)]
     ids = M.tokens()
-    results, errors = [None] * P, []
 
-    def rank(r):
-        try:
-            model = models[r]
-            with hf.ring(comms[r], M.CU, "zigzag") as R:
-                if how == "shift_labels":
-                    sl, n = R.shift_labels(ids)
-                    kw = dict(labels=sl, shift_labels=sl, num_items_in_batch=n)
-                else:  # HF's own: this rank's shard of the one-process labels
-                    kw = dict(labels=R.shard(collator_labels(ids)))
-                out = model(R.shard(ids), position_ids=R.position_ids, use_cache=False, **kw)
-                out.loss.backward()
-            results[r] = (out.loss.detach(),
-                          {n: p.grad.clone() for n, p in model.named_parameters()})
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
-            errors.append(exc)
+    def rank(comm, r):
+        model = models[r]
+        with hf.ring(comm, M.CU, "zigzag") as R:
+            if how == "shift_labels":
+                sl, n = R.shift_labels(ids)
+                kw = dict(labels=sl, shift_labels=sl, num_items_in_batch=n)
+            else:  # HF's own: this rank's shard of the one-process labels
+                kw = dict(labels=R.shard(collator_labels(ids)))
+            out = model(R.shard(ids), position_ids=R.position_ids, use_cache=False, **kw)
+            out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    rt.clear_cache()
-    for c in comms:
-        c.close()
-    if errors:
-        raise errors[0]
+    results = ranks.threads(rank, P)
     return [res[0] for res in results], [res[1] for res in results]
 
 

@@ -3,7 +3,6 @@ processes over the custom transport; each judged against float64 by SPEC 9 and c
 the single-rank result."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import ringattn
+import ranks
 from cases import assert_within, float64_judge, judge
 from ring_cases import CASES, LAYOUTS, combine, inputs, run_rank
 
@@ -99,25 +99,6 @@ def test_mpirun_mpi4py_ring(tmp_path, P=PROCESS_RANKS):
     _collect(tmp_path, P)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torch_distributed_gloo_ring(tmp_path, P=PROCESS_RANKS):
-    env = _env()
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(P))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ring_worker.py"), "gloo",
-                               str(tmp_path)], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(P)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    ranks.processes("ring_worker.py", ["gloo", tmp_path], P, comm_timeout=30)
     _collect(tmp_path, P)
