@@ -112,3 +112,20 @@ def test_sinks_and_lse_under_fullgraph_compile():
         leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
         grads.append(torch.autograd.grad(fn(*leaves), leaves))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_flash_attn_softmax_lse_carries_its_gradient():
+    """flash-attn's backward drops a gradient through softmax_lse; ringattn's compatible API
+    returns ringattn's lse, whose gradient reaches q (the float64 reference's, SPEC 9)."""
+    import ringattn
+
+    cu, _, q, k, v, _, _ = make_inputs(8, [12], 2, 2, 8, 8, torch.float32)
+    leaf = q.clone().requires_grad_()
+    _, lse, _ = ringattn.flash_attn_func(leaf[None], k[None], v[None], causal=True,
+                                         return_attn_probs=True)  # lse [1, H, S]
+    (dq,) = torch.autograd.grad(lse.sum(), leaf)
+    ref = q.detach().double().requires_grad_()
+    _, lse64 = sink_reference(ref, k.double(), v.double(), cu,
+                              torch.full((2,), float("-inf")), causal=True)
+    (r,) = torch.autograd.grad(lse64.sum(), ref)
+    assert (dq.double() - r).abs().max() / r.abs().max() < 1e-4

@@ -27,8 +27,8 @@ Semantics are SPEC's and flash-attn's: causal and windows bottom-right aligned w
 window (left, right) with -1 unbounded (causal sets right = 0), softcap c > 0 gives
 c * tanh(scale * q.k / c), ALiBi subtracts slope * |i + S_k - S_q - j|, a row with no allowed key
 gives out 0 and lse -inf. The backward is ringattn's deterministic one whatever `deterministic`
-says; softmax_lse is ringattn.torch.attention's, so a gradient through it is never silently
-dropped (flash-attn's backward ignores it). Refused with a clear error: dropout_p != 0,
+says; softmax_lse is ringattn.torch.attention's, differentiable (SPEC 11's dlse), where
+flash-attn's backward silently drops a gradient through it. Refused with a clear error: dropout_p != 0,
 block_table (paged KV), ALiBi slopes that differ between batch rows, and in a ring S_q != S_k.
 """
 import threading
