@@ -15,6 +15,8 @@
  *    rank 0): steps and bytes only, no times.
  * With --backend cuda it runs bench_ring_cuda.c instead: the CUDA ring with ranks as threads on
  * one device over the device-copy transport (no MPI ranks; bench/README.md).
+ * With --ulysses LIST it runs bench_ring_ulysses.c instead: 2D plans (P_u x P/P_u) on CPU ranks
+ * as threads, with the link model's estimate beside the times (no MPI ranks; bench/cp2d.md).
  * 3. Overlap. ring time against compute time (the same shards over the threads transport, minus
  *    its in-process copies) and exchange time (the ring's own messages alone, MPI_Isend/Irecv);
  *    hidden = (compute + exchange - ring) / exchange. Also the time the ring spends inside MPI
@@ -628,6 +630,9 @@ int main(int argc, char **argv) {
             for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2]; /* drop the pair */
             return bench_ring_cuda(argc - 2, argv);
         }
+    /* --ulysses: 2D plans with ranks as threads of this process (bench_ring_ulysses.c), no MPI */
+    for (int i = 1; i < argc; ++i)
+        if (!strcmp(argv[i], "--ulysses")) return bench_ring_ulysses(argc, argv);
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

@@ -1,11 +1,12 @@
 /*
- * bench_ring.h: what the three files of bench_ring share (see bench_ring.c for what it measures):
+ * bench_ring.h: what the files of bench_ring share (see bench_ring.c for what it measures):
  *   bench_ring.c          problems, the single-rank reference, the rings over MPI and over
  *                         threads, the checks, the results table and main;
  *   bench_ring_options.c  the flags and their defaults;
  *   bench_ring_traffic.c  every rank's token map, the traffic lower bound and its table;
  *   bench_ring_overlap.c  the PMPI wrappers timing the MPI calls, the timed ring pass, the
  *                         exchange alone and the overlap table.
+ *   bench_ring_ulysses.c  --ulysses: 2D plans on ranks as threads, with tools/link_model.c.
  */
 #ifndef RINGATTN_BENCH_RING_H
 #define RINGATTN_BENCH_RING_H
@@ -163,5 +164,7 @@ void print_overlap_figures(const overlap_t *ov, int n); /* the tracked figures' 
 
 /* bench_ring_cuda.c: the CUDA ring on one device (bench_ring --backend cuda, bench_ring_cuda). */
 int bench_ring_cuda(int argc, char **argv);
+/* bench_ring_ulysses.c: 2D plans on P CPU ranks as threads (bench_ring --ulysses LIST). */
+int bench_ring_ulysses(int argc, char **argv);
 
 #endif /* RINGATTN_BENCH_RING_H */

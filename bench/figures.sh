@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates the figures README.md and bench/README.md show (docs/figures/*.png) on this
-# machine: short runs of bench_local, bench_ring at P = 2, 3, 4, bench_dynamic, then
-# bench/plot.py with the machine and the date in every caption. About 6 minutes on 2 cores.
+# machine: short runs of bench_local, bench_ring at P = 2, 3, 4, bench_dynamic, the link model's
+# tables (ringattn-info --model --csv, P = 64 and 1024), then bench/plot.py with the machine and
+# the date in every caption. About 6 minutes on 2 cores.
 #
 #   bash bench/figures.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, docs/figures)
 #
-# BUILD_DIR must have the benchmarks (-DRINGATTN_BUILD_BENCH=ON -DRINGATTN_ENABLE_MPI=ON);
-# the Python is cmake/python-env.sh's (it has matplotlib). The JSON lines are kept in
-# OUT_DIR/data/ for bench/plot.py to redraw.
+# BUILD_DIR must have the benchmarks (-DRINGATTN_BUILD_BENCH=ON -DRINGATTN_ENABLE_MPI=ON) and
+# ringattn-info; the Python is cmake/python-env.sh's (it has matplotlib). The JSON lines and the
+# model's CSV tables are kept in OUT_DIR/data/ for bench/plot.py to redraw.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
@@ -31,4 +32,10 @@ for p in 2 3 4; do # decode rows (P = 1 .. ranks) from the 2-rank run only: one 
 done
 "$build/bench/bench_dynamic" --seq 8192 --keep 2,4,8,16,64 --select-seqs none --reps 2 \
     --json "$data/dynamic.jsonl" > /dev/null
-"$python_bin" "$root/bench/plot.py" "$out" "$data"/*.jsonl --caption "$caption"
+for p in 64 1024; do # the link model's estimate, not a run: 8 GPUs a node, T = 1M (bf16)
+    "$build/ringattn-info" --seq 1048576 --heads 32 --kv-heads 8 --dim 128 --dtype bf16 --causal \
+        --layout zigzag --ranks "$p" --simulate --model --csv > "$data/cp2d_p$p.csv"
+done
+"$python_bin" "$root/bench/plot.py" "$out" "$data"/*.jsonl "$data"/*.csv --caption "$caption"
+# the P = 64 figure also beside the benchmarks (bench/README.md shows it): an estimate, no machine
+"$python_bin" "$root/bench/plot.py" "$root/bench" "$data/cp2d_p64.csv" > /dev/null

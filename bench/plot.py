@@ -17,9 +17,14 @@ captured stdout works too) and writes the figures it has data for:
   dynamic.png      dynamic-mask forward and backward time against the share of keys kept
                    (bench_dynamic "result" lines)
   decode.png       decode tokens/s against P, one line per cache size (bench_ring "decode")
+  cp2d_pP.png      the link model's ESTIMATED step time (forward + backward) against P_u for P
+                   ranks: compute, all-to-all and the ring's exposed exchanges stacked, and each
+                   part alone (ringattn-info --model --csv output, a CSV file among the inputs;
+                   tools/link_model.h)
 
 Each figure's caption is --caption (the machine and the date, say) and the benchmark's banner
-(version, backend, BLAS kernels). Prints the files written; exit 2 when no figure had data.
+(version, backend, BLAS kernels). Prints the files written; exit 2 when no figure had data, 3
+when matplotlib is missing.
 """
 import argparse
 import json
@@ -27,21 +32,57 @@ import os
 import sys
 from collections import defaultdict
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:  # say so rather than a traceback: the figures are optional
+    sys.stderr.write("bench/plot.py: matplotlib is not installed, no figures written (pip install "
+                     "matplotlib; the Python of cmake/python-env.sh has it)\n")
+    sys.exit(3)
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+MODEL_HEADER = "ranks,per_node,ulysses,ring,"  # ringattn-info --csv's header line starts so
+
+
+def model_row(raw, fields, notes):
+    """A row of ringattn-info --csv as a "model_2d" record (numbers as numbers), or None."""
+    values = raw.split(",")
+    if len(values) != len(fields):
+        return None
+    try:
+        rec = {k: (float(v) if "." in v or "e" in v else int(v)) for k, v in zip(fields, values)}
+    except ValueError:
+        return None
+    rec.update(type="model_2d", _notes=list(notes))
+    return rec
+
 
 def read_lines(paths):
-    """Every JSON object of the files, each tagged with the banner of its file."""
+    """Every JSON object of the files, each tagged with the banner of its file, and the rows of
+    ringattn-info --csv tables (with their '#' lines, the shape and the model's parameters)."""
     records = []
     for path in paths:
         banner = {}
+        fields, notes, rows_read = None, [], False
         with open(path) as f:
             for raw in f:
                 raw = raw.strip()
+                if raw.startswith("# "):  # a table's notes come before its header
+                    notes = [raw[2:]] if rows_read else notes + [raw[2:]]
+                    rows_read = False
+                    continue
+                if raw.startswith(MODEL_HEADER):
+                    fields = raw.split(",")
+                    continue
+                if fields and raw[:1].isdigit():
+                    rec = model_row(raw, fields, notes)
+                    if rec:
+                        rec["_banner"] = banner
+                        records.append(rec)
+                        rows_read = True
+                    continue
                 if not raw.startswith("{"):
                     continue
                 try:
@@ -207,18 +248,76 @@ def plot_decode(records, caption, out):
     return finish(fig, ax, rows, caption, os.path.join(out, "decode.png"))
 
 
-PLOTS = (plot_throughput, plot_efficiency, plot_traffic, plot_error, plot_dynamic, plot_decode)
+def plot_model_2d(records, caption, out):
+    """The link model's step time against P_u, one figure per P (ringattn-info --csv rows)."""
+    rows = of_type(records, "model_2d")
+    written = []
+    for P in sorted({r["ranks"] for r in rows}):
+        mine = sorted((r for r in rows if r["ranks"] == P), key=lambda r: r["ulysses"])
+        seen = {}
+        for r in mine:  # the last of a P_u (a file given twice, say)
+            seen[r["ulysses"]] = r
+        mine = [seen[k] for k in sorted(seen)]
+        labels = ["%d x %d" % (r["ulysses"], r["ring"]) for r in mine]
+        parts = (("compute", [r["compute_fwd_ms"] + r["compute_bwd_ms"] for r in mine]),
+                 ("all-to-all (intra-group)", [r["a2a_fwd_ms"] + r["a2a_bwd_ms"] for r in mine]),
+                 ("ring exposed (not hidden)", [r["exposed_fwd_ms"] + r["exposed_bwd_ms"] for r in mine]))
+        colors = {"compute": "C0", "all-to-all (intra-group)": "C1", "ring exposed (not hidden)": "C3",
+                  "ring exchanges (hidden or not)": "C2", "step": "black"}
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4))
+        xs = range(len(mine))
+        bottom = [0.0] * len(mine)
+        for name, ys in parts:
+            left.bar(xs, ys, 0.6, bottom=bottom, label=name, color=colors[name])
+            bottom = [b + y for b, y in zip(bottom, ys)]
+        for x, total in zip(xs, bottom):
+            left.text(x, total, "%.0f" % total, ha="center", va="bottom", fontsize=7)
+        left.set_xticks(list(xs))
+        left.set_xticklabels(labels, fontsize=8)
+        left.set_xlabel("P_u x P_r (ulysses x ring)")
+        left.set_ylabel("estimated step time, ms (forward + backward)")
+        left.set_title("Estimated step time, P = %d (%d per node)" % (P, mine[0]["per_node"]), fontsize=10)
+        lines = parts + (("ring exchanges (hidden or not)",
+                          [r["ring_comm_fwd_ms"] + r["ring_comm_bwd_ms"] for r in mine]),
+                         ("step", [r["step_ms"] for r in mine]))
+        for name, ys in lines:  # a log axis: zeros (a flat ring's all-to-all) left out
+            pts = [(x, y) for x, y in zip(xs, ys) if y > 0]
+            if not pts:  # said in the legend, as nothing can be drawn
+                right.plot([], [], color=colors[name], label=name + ": 0 at every P_u")
+                continue
+            right.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[name],
+                       linestyle="--" if name == "step" else "-", label=name)
+        right.set_yscale("log")
+        right.set_xticks(list(xs))
+        right.set_xticklabels(labels, fontsize=8)
+        right.set_xlabel("P_u x P_r (ulysses x ring)")
+        right.set_ylabel("ms per step (log)")
+        right.set_title("Each part alone", fontsize=10)
+        right.grid(True, alpha=0.3)
+        right.legend(fontsize=7)
+        notes = "; ".join(mine[0].get("_notes", []))
+        text = "ESTIMATE (ringattn-info --model), not a measurement. " + notes
+        written.append(finish(fig, left, [], "; ".join(t for t in (caption, text) if t),
+                              os.path.join(out, "cp2d_p%d.png" % P)))
+    return written
+
+
+PLOTS = (plot_throughput, plot_efficiency, plot_traffic, plot_error, plot_dynamic, plot_decode,
+         plot_model_2d)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", help="directory for the PNG files")
-    ap.add_argument("files", nargs="+", help="JSON lines of the benchmarks")
+    ap.add_argument("files", nargs="+", help="JSON lines of the benchmarks, ringattn-info --csv tables")
     ap.add_argument("--caption", default="", help="the machine and the date, say")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     records = read_lines(args.files)
-    written = [p for p in (plot(records, args.caption, args.out) for plot in PLOTS) if p]
+    written = []
+    for plot in PLOTS:  # a figure's path, or a list of them (one per P), or None
+        got = plot(records, args.caption, args.out)
+        written += got if isinstance(got, list) else [got] if got else []
     for p in written:
         print(p)
     return 0 if written else 2
