@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/registry.h"
 #include "comm/comm.h"
+#include "comm/simulated.h"
 #include "comm/transports.h"
 #include "kernels/backends.h"
 
@@ -69,6 +70,20 @@ ringattn_status_t ringattn_comm_create_custom(const ringattn_transport_t *transp
     RA_CHECK(rank >= 0 && rank < size, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: rank: got %d, expected 0 <= rank < size (%d)", fn, rank, size);
     RA_TRY(ra__comm_create_custom(fn, &table, rank, size, comm));
+    ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ringattn_comm_create_simulated(int rank, int size, ringattn_comm_t *comm)
+{
+    static const char fn[] = "ringattn_comm_create_simulated";
+    RA_CHECK(comm != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: comm: got NULL, expected a handle to fill", fn);
+    RA_CHECK(size >= 1, RINGATTN_ERR_INVALID_ARGUMENT, "%s: size: got %d, expected >= 1", fn,
+             size);
+    RA_CHECK(rank >= 0 && rank < size, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: rank: got %d, expected 0 <= rank < size (%d)", fn, rank, size);
+    RA_TRY(ra__comm_create_simulated(fn, rank, size, comm));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

@@ -164,7 +164,8 @@ ringattn_status_t ra__comm_agree(ringattn_comm_t c, const char *fn, ra_call_kind
      * rank then fails this call by the call numbers, and an unrelated comm needs nothing.
      */
     const unsigned long refused = atomic_load(&refused_calls);
-    const unsigned long pending = c->agreed ? refused - c->refused_seen : 0;
+    const unsigned long pending = c->agreed && !c->refusals_elsewhere ? refused - c->refused_seen
+                                                                      : 0;
     const int64_t call = (int64_t)c->calls + 1 + (int64_t)pending;
     c->agreed = 1;
     c->calls = (unsigned)call;
@@ -238,4 +239,26 @@ ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x)
     return ra__comm_fail(c, ra__fail(st, "%s: %s (rank %d: ring step %d of call %u)",
                                      c->call_fn ? c->call_fn : "ringattn",
                                      msg, c->rank, x->step, x->call));
+}
+
+/* The checks every transport would repeat; the split itself is the transport's (comm.h). Each
+   rank's outcome is its own (one may run out of memory): the caller concludes over c. */
+ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int group,
+                                      ringattn_comm_t out[2])
+{
+    RA_TRY(check_alive(c, fn));
+    RA_CHECK(c->ops->split_grid != NULL, RINGATTN_ERR_UNSUPPORTED,
+             "%s: the %s transport cannot split a comm: pass the group and ring comms to "
+             "ringattn_plan_create_2d",
+             fn, c->ops->name);
+    RA_CHECK(group >= 1 && c->size % group == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: group: got %d, expected a divisor of the comm's %d ranks", fn, group, c->size);
+    ringattn_comm_t made[2] = {NULL, NULL};
+    const ringattn_status_t st = c->ops->split_grid(c, group, made);
+    /* a transport error (a peer's failure, the deadline) is the comm's, as in any collective */
+    if (st == RINGATTN_ERR_COMM) return fail_in(c, st, fn, "splitting the comm");
+    RA_TRY(st);
+    out[0] = made[0];
+    out[1] = made[1];
+    return RINGATTN_SUCCESS;
 }

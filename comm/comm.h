@@ -92,6 +92,13 @@ struct ra_comm_ops {
        exchanges on, with a message naming fn. Checked before the call's agreement. */
     ringattn_status_t (*check_stream)(ringattn_comm_t c, const char *fn, void *stream);
     void (*destroy)(ringattn_comm_t c);
+    /* Optional (NULL: the transport cannot split; ra__comm_split_grid says so). Collective over
+       c, whose size is a multiple of `group`: the ranks form groups of `group` consecutive
+       ranks. out[0]: this rank's group (its rank there c->rank % group, of group);
+       out[1]: the ranks at this rank's place in every group (rank c->rank / group, of
+       c->size / group). New comms of c's transport and memory, each failing on its own; the
+       caller destroys them (before c). */
+    ringattn_status_t (*split_grid)(ringattn_comm_t c, int group, ringattn_comm_t out[2]);
 };
 
 #define RA_COMM_REASON_BYTES 384
@@ -110,6 +117,11 @@ struct ringattn_comm {
     double last_beat;   /* when ops->beat last ran (ra__comm_now) */
     int on_device;      /* messages are device memory of `device` (a device comm); else host */
     int device;
+    int refusals_elsewhere; /* split off another comm by the library (plan/grid.c): this
+                               process's refused calls are carried by that comm's agreements,
+                               never by this one's (ra__comm_agree) */
+    int simulated;      /* a simulated world (comm/simulated.c): nothing moves, so plans of any
+                           backend are made on it (to be sized), and their calls are refused */
     char reason[RA_COMM_REASON_BYTES]; /* why it failed */
 };
 
@@ -170,6 +182,20 @@ ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x);
 /* While a call's ring runs, the kernels' polls of stream send c's heartbeats (ops->beat). */
 void ra__comm_beacon_attach(ringattn_comm_t c, void *stream);
 void ra__comm_beacon_detach(ringattn_comm_t c, void *stream);
+/*
+ * An all-to-all on the data plane, as c->size - 1 rounds of one exchange each (so that it has
+ * every transport's call identity, deadlines and failures): in round k = 1 .. P - 1 this rank
+ * sends to rank (r + k) % P and receives from rank (r - k) % P. Array i (< slots <=
+ * RA_EXCHANGE_SLOTS) sends send[i * P + peer] and receives recv[i * P + peer] (the peer fields
+ * are set here; this rank's own entries are not read; bytes 0: nothing moves). Ordered on
+ * stream as the exchanges are (comm.h); `step` names it in messages.
+ */
+ringattn_status_t ra__comm_alltoall(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv,
+                                    int slots, void *stream, int step);
+/* The transport's split_grid (comm.h ops), or RINGATTN_ERR_UNSUPPORTED naming fn and the
+   transport when it has none; a failed comm fails at once. */
+ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int group,
+                                      ringattn_comm_t out[2]);
 /* Called with the failure's message recorded (ra__last_error): the comm is failed. */
 ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st);
 

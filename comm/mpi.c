@@ -187,6 +187,8 @@ static void mpi_destroy(ringattn_comm_t c)
     free(c);
 }
 
+static ringattn_status_t mpi_split_grid(ringattn_comm_t c, int group, ringattn_comm_t out[2]);
+
 static const struct ra_comm_ops mpi_ops = {
     .name = "mpi",
     .allreduce_i64 = mpi_allreduce,
@@ -199,6 +201,7 @@ static const struct ra_comm_ops mpi_ops = {
     .still_active = mpi_still_active,
     .beat = mpi_beat,
     .destroy = mpi_destroy,
+    .split_grid = mpi_split_grid,
 };
 
 /* The piece size (RINGATTN_MPI_CHUNK bytes, default 256 KiB), the same on every rank: the
@@ -213,15 +216,21 @@ static int agree_chunk(mpi_impl *impl)
     return rc;
 }
 
-/* The duplicate and what a comm holds; MPI's status, or -1 out of memory. */
-static int comm_make(MPI_Comm mpi_comm, struct ringattn_comm *c, mpi_impl *impl)
+/* What a comm holds over mpi_comm: a duplicate of the caller's, its piece size agreed (chunk 0,
+   collective); or, chunk > 0, a split of ours, adopted as it is with its parent's piece size
+   (agreed over a superset of its ranks: the same on each, with no collective here). MPI's status,
+   or -1 out of memory; the communicator held is freed on failure. */
+static int comm_make(MPI_Comm mpi_comm, size_t chunk, struct ringattn_comm *c, mpi_impl *impl)
 {
-    int rc = MPI_Comm_dup(mpi_comm, &impl->comm);
+    int rc = MPI_SUCCESS;
+    impl->chunk = chunk;
+    if (chunk) impl->comm = mpi_comm;
+    else rc = MPI_Comm_dup(mpi_comm, &impl->comm);
     if (rc != MPI_SUCCESS) return rc;
     rc = MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(impl->comm, &c->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(impl->comm, &c->size);
-    if (rc == MPI_SUCCESS) rc = agree_chunk(impl);
+    if (rc == MPI_SUCCESS && !chunk) rc = agree_chunk(impl);
     if (rc == MPI_SUCCESS) {
         impl->counts = malloc((size_t)c->size * sizeof *impl->counts);
         impl->displs = malloc((size_t)c->size * sizeof *impl->displs);
@@ -247,25 +256,23 @@ ringattn_status_t ra__mpi_check_running(const char *fn)
     return RINGATTN_SUCCESS;
 }
 
-ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringattn_comm_t *comm)
+/* A comm over mpi_comm (comm_make: chunk 0 duplicates the caller's, else adopts a split). */
+static ringattn_status_t comm_new(const char *fn, MPI_Comm mpi_comm, size_t chunk,
+                                  ringattn_comm_t *comm)
 {
-    RA_CHECK(comm != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: comm: got NULL, expected a pointer to receive the communicator", fn);
-    RA_TRY(ra__mpi_check_running(fn));
-    RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: mpi_comm: got MPI_COMM_NULL, expected a communicator", fn);
     struct ringattn_comm *c = calloc(1, sizeof *c);
     mpi_impl *impl = calloc(1, sizeof *impl);
     if (!c || !impl || ra__registry_add(c) != 0) {
         free(c);
         free(impl);
+        if (chunk) MPI_Comm_free(&mpi_comm); /* a split is ours */
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
-    const int rc = comm_make(mpi_comm, c, impl);
+    const int rc = comm_make(mpi_comm, chunk, c, impl);
     if (rc != MPI_SUCCESS) {
         const ringattn_status_t st =
             rc == -1 ? ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn)
-                     : ra__mpi_error(c, "MPI_Comm_dup", rc);
+                     : ra__mpi_error(c, chunk ? "the split communicator" : "MPI_Comm_dup", rc);
         ra__registry_remove(c);
         impl_free(impl);
         free(c);
@@ -274,6 +281,45 @@ ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringatt
     c->ops = &mpi_ops;
     c->impl = impl;
     *comm = c;
+    return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__comm_create_mpi(const char *fn, MPI_Comm mpi_comm, ringattn_comm_t *comm)
+{
+    RA_CHECK(comm != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: comm: got NULL, expected a pointer to receive the communicator", fn);
+    RA_TRY(ra__mpi_check_running(fn));
+    RA_CHECK(mpi_comm != MPI_COMM_NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: mpi_comm: got MPI_COMM_NULL, expected a communicator", fn);
+    RA_TRY(comm_new(fn, mpi_comm, 0, comm));
     ra__clear_error();
+    return RINGATTN_SUCCESS;
+}
+
+/* comm.h's split_grid: both MPI_Comm_split first, on every rank whatever the first gave (they
+   are collective: no rank may skip one), then a comm over each that owns it. MPI_Comm_split
+   blocks without a deadline, as ringattn_comm_create_mpi's MPI_Comm_dup does. */
+static ringattn_status_t mpi_split_grid(ringattn_comm_t c, int group, ringattn_comm_t out[2])
+{
+    static const char fn[] = "ringattn comm mpi: split";
+    mpi_impl *impl = c->impl;
+    MPI_Comm part[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+    const int rc0 = MPI_Comm_split(impl->comm, c->rank / group, c->rank, &part[0]);
+    const int rc1 = MPI_Comm_split(impl->comm, c->rank % group, c->rank, &part[1]);
+    if (rc0 != MPI_SUCCESS || rc1 != MPI_SUCCESS) {
+        for (int i = 0; i < 2; ++i)
+            if (part[i] != MPI_COMM_NULL) MPI_Comm_free(&part[i]);
+        return ra__mpi_error(c, "MPI_Comm_split", rc0 != MPI_SUCCESS ? rc0 : rc1);
+    }
+    ringattn_comm_t made[2] = {NULL, NULL};
+    ringattn_status_t st = comm_new(fn, part[0], impl->chunk, &made[0]);
+    if (st == RINGATTN_SUCCESS) st = comm_new(fn, part[1], impl->chunk, &made[1]);
+    else MPI_Comm_free(&part[1]);
+    if (st != RINGATTN_SUCCESS) {
+        ra__comm_destroy(made[0]);
+        return st;
+    }
+    out[0] = made[0];
+    out[1] = made[1];
     return RINGATTN_SUCCESS;
 }

@@ -311,6 +311,13 @@ static void nc_destroy(ringattn_comm_t c)
     free(c);
 }
 
+/* ringattn's own communicators, split off this one (comm/nccl_join.c), borrowed or not. */
+static ringattn_status_t nc_split_grid(ringattn_comm_t c, int group, ringattn_comm_t out[2])
+{
+    const nccl_impl *n = c->impl;
+    return ra__nccl_split_grid(n->nc, c->rank, group, c->device, n->dev, out);
+}
+
 static const struct ra_comm_ops nccl_ops = {
     .name = "nccl",
     .allreduce_i64 = nc_allreduce,
@@ -324,6 +331,7 @@ static const struct ra_comm_ops nccl_ops = {
     .beat = nc_beat,
     .check_stream = nc_check_stream,
     .destroy = nc_destroy,
+    .split_grid = nc_split_grid,
 };
 
 ringattn_status_t ra__comm_create_nccl(const char *fn, ncclComm_t nc, int owned,

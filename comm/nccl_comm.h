@@ -25,4 +25,10 @@ ringattn_status_t ra__comm_create_nccl_id(const char *fn, const ncclUniqueId *id
                                           int rank, int device, const ra_memory_ops *dev,
                                           ringattn_comm_t *out);
 
+/* comm.h's split_grid over nc, this rank's of a comm on `device`: two ncclCommSplit (groups of
+   `group` consecutive ranks, then the ranks at one place in every group), each a comm that owns
+   its NCCL communicator. */
+ringattn_status_t ra__nccl_split_grid(ncclComm_t nc, int rank, int group, int device,
+                                      const ra_memory_ops *dev, ringattn_comm_t out[2]);
+
 #endif

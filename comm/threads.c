@@ -210,11 +210,13 @@ static ringattn_status_t barrier_locked(ringattn_comm_t c, hub *h, struct timesp
             seen = h->moves;
             until = deadline();
         }
-        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT && gen == h->generation) {
+            --h->arrived; /* withdrawn: no rank passes a barrier that failed here (split_grid) */
             return ra__fail(RINGATTN_ERR_COMM,
                             "ringattn comm threads: rank %d: %s: no answer from some rank for "
                             "%g s",
                             c->rank, what, ra__comm_timeout_s());
+        }
     }
     return RINGATTN_SUCCESS;
 }
@@ -345,6 +347,7 @@ static const struct ra_comm_ops threads_ops = {
     .still_active = th_still_active,
     .beat = th_beat,
     .destroy = th_destroy,
+    .split_grid = ra__threads_split_grid,
 };
 
 /* The hub and num_ranks comms on it; with dev, a device comm on `device` (-1: the current). */

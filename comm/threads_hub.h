@@ -66,6 +66,9 @@ typedef struct hub {
     dev_rank *ranks; /* [size] */
 } hub;
 
+/* comm.h's split_grid (comm/threads_split.c): new hubs, host or device as c's. */
+ringattn_status_t ra__threads_split_grid(ringattn_comm_t c, int group, ringattn_comm_t out[2]);
+
 /* comm/threads_device.c. Every rank's stream and events, on h->device (made current for it). */
 ringattn_status_t ra__threads_device_make(hub *h);
 /* Rank's stream and events (ranks destroy their comms one by one). */

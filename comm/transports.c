@@ -39,6 +39,7 @@ static const ra_transport_info transports[] = {
     {"threads_device", "device-copy threads", NEEDS_CUDA, DEVICE_BUILT, NULL, NULL},
     {"mpi", "MPI", "configure with -DRINGATTN_ENABLE_MPI=ON", MPI_BUILT, MPI_FROM_FORTRAN, NULL},
     {"nccl", "NCCL", NEEDS_CUDA " -DRINGATTN_ENABLE_NCCL=ON", NCCL_BUILT, NULL, NCCL_OVER_MPI},
+    {"simulated", "simulated", "", 1, NULL, NULL}, /* plans sized without peers, no calls */
 };
 
 int ra__transport_count(void) { return (int)(sizeof transports / sizeof transports[0]); }

@@ -1,12 +1,12 @@
 // The fake NCCL (emu/nccl/nccl.h) over the fake runtime's deferred streams:
-// communicators by rendezvous on a unique id (ranks as threads), point-to-point messages matched
-// in order per (sender, receiver) and copied in both streams' order, group calls, all-reduce,
-// non-blocking initialisation, asynchronous errors and abort. Every operation is a gated stream
-// operation (fake_runtime.h: enqueue_gated): it runs when what it waits for has run on the other
-// rank's stream, so a drain waits for other ranks as a GPU would, and a message nobody sends
-// blocks its stream until the communicator is aborted. An aborted rank's queued operations run
-// as no-ops: they contribute and deliver nothing. Its peers hear nothing of it, as within one
-// node (ranks as threads on one device are); with ra_emu_nccl_remote_errors(1) their
+// communicators by rendezvous on a unique id (ranks as threads) or split off one, point-to-point
+// messages matched in order per (sender, receiver) and copied in both streams' order, group
+// calls, all-reduce, non-blocking initialisation, asynchronous errors and abort. Every operation
+// is a gated stream operation (fake_runtime.h: enqueue_gated): it runs when what it waits for has
+// run on the other rank's stream, so a drain waits for other ranks as a GPU would, and a message
+// nobody sends blocks its stream until the communicator is aborted. An aborted rank's queued
+// operations run as no-ops: they contribute and deliver nothing. Its peers hear nothing of it, as
+// within one node (ranks as threads on one device are); with ra_emu_nccl_remote_errors(1) their
 // ncclCommGetAsyncError reports ncclRemoteError from then on, as NCCL's network transports
 // report a peer whose connections closed.
 #include <algorithm>
@@ -53,14 +53,23 @@ struct PairLog {
     size_t sends = 0, recvs = 0; // posted so far
 };
 
+// A clique's k-th split: each rank's (color, key), how many came and left, its name's number.
+struct Split {
+    std::vector<std::pair<int, int>> by_rank;
+    int arrived = 0, left = 0;
+    unsigned long id = 0;
+};
+
 struct Clique {
     int nranks = 0, joined = 0;
     bool broken = false; // a rank aborted: the others see ncclRemoteError
     std::map<std::pair<int, int>, PairLog> pairs;
     std::map<unsigned long, std::shared_ptr<Coll>> colls;
+    std::map<unsigned long, std::shared_ptr<Split>> splits;
 };
 
-std::map<std::string, std::shared_ptr<Clique>> cliques; // by unique id
+std::map<std::string, std::shared_ptr<Clique>> cliques; // by unique id or split
+unsigned long next_split = 0;
 
 struct State {
     std::shared_ptr<Clique> clique;
@@ -68,6 +77,7 @@ struct State {
     std::atomic<bool> aborted{false};
     unsigned long colls = 0; // all-reduces this rank has posted
     unsigned long sends = 0; // sends this rank has posted
+    unsigned long splits = 0; // splits this rank has entered
 };
 
 // ra_emu_nccl_withhold_sends: this rank of every communicator posts its first `after` sends,
@@ -248,6 +258,26 @@ struct ra_fake_nccl_comm {
     bool blocking = true;
 };
 
+// Rank `rank` joins the clique `key` (made by its first rank), lock held: a blocking one waits
+// for every rank, a non-blocking one returns ncclInProgress (ncclCommGetAsyncError says when).
+static ncclResult_t join(std::unique_lock<std::mutex> &lk, const std::string &key, int nranks,
+                         int rank, int device, bool blocking, ncclComm_t *comm)
+{
+    auto &cl = cliques[key];
+    if (!cl) cl = std::make_shared<Clique>(), cl->nranks = nranks;
+    if (cl->nranks != nranks) return fail(ncclInvalidUsage, "ranks disagree on nranks");
+    auto *c = new ra_fake_nccl_comm;
+    c->st = std::make_shared<State>();
+    c->st->rank = rank, c->st->device = device, c->st->clique = cl;
+    c->blocking = blocking;
+    ++cl->joined;
+    ncv.notify_all();
+    *comm = c;
+    if (!blocking) return ncclInProgress;
+    const bool all = ncv.wait_for(lk, std::chrono::seconds(120), [&] { return cl->joined == cl->nranks; });
+    return all ? ncclSuccess : fail(ncclSystemError, "rendezvous timed out");
+}
+
 extern "C" {
 
 // A test hook (found by name, as the tests' others): rank -1 withholds nothing.
@@ -280,26 +310,44 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
 {
     if (!comm || nranks < 1 || rank < 0 || rank >= nranks)
         return fail(ncclInvalidArgument, "bad communicator arguments");
-    const std::string key(id.internal, strnlen(id.internal, sizeof id.internal));
-    auto *c = new ra_fake_nccl_comm;
-    c->st = std::make_shared<State>();
-    c->st->rank = rank;
-    cudaGetDevice(&c->st->device);
-    c->blocking = !(config && config->blocking == 0);
+    int device = 0;
+    cudaGetDevice(&device); // before nmu: the runtime's lock comes first
     std::unique_lock<std::mutex> lk(nmu);
-    auto &cl = cliques[key];
-    if (!cl) cl = std::make_shared<Clique>(), cl->nranks = nranks;
-    if (cl->nranks != nranks) {
-        delete c;
-        return fail(ncclInvalidUsage, "ranks disagree on nranks");
-    }
-    c->st->clique = cl;
-    ++cl->joined;
+    return join(lk, std::string(id.internal, strnlen(id.internal, sizeof id.internal)), nranks, rank,
+                device, !(config && config->blocking == 0), comm);
+}
+
+// Every rank of comm's clique enters its k-th split; once all have, each joins the clique of its
+// color (named by the split), ranked by (key, rank), on comm's device.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    if (!comm || !newcomm || comm->st->aborted.load())
+        return fail(ncclInvalidUsage, "no communicator, or an aborted one");
+    std::unique_lock<std::mutex> lk(nmu);
+    const std::shared_ptr<State> st = comm->st;
+    const std::shared_ptr<Clique> cl = st->clique;
+    const unsigned long k = st->splits++;
+    auto &slot = cl->splits[k];
+    if (!slot)
+        slot = std::make_shared<Split>(), slot->id = next_split++, slot->by_rank.resize((size_t)cl->nranks);
+    const std::shared_ptr<Split> sp = slot;
+    sp->by_rank[(size_t)st->rank] = {color, key};
+    ++sp->arrived;
     ncv.notify_all();
-    *comm = c;
-    if (!c->blocking) return ncclInProgress; // ncclCommGetAsyncError says when all have joined
-    const bool all = ncv.wait_for(lk, std::chrono::seconds(120), [&] { return cl->joined == cl->nranks; });
-    return all ? ncclSuccess : fail(ncclSystemError, "rendezvous timed out");
+    if (!ncv.wait_for(lk, std::chrono::seconds(120), [&] { return sp->arrived == cl->nranks; }))
+        return fail(ncclSystemError, "split rendezvous timed out");
+    if (++sp->left == cl->nranks) cl->splits.erase(k);
+    *newcomm = NCCL_COMM_NULL;
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    int nranks = 0, rank = 0;
+    for (int r = 0; r < cl->nranks; ++r) {
+        const auto &o = sp->by_rank[(size_t)r];
+        nranks += o.first == color;
+        rank += o.first == color && std::make_pair(o.second, r) < std::make_pair(key, st->rank);
+    }
+    return join(lk, "split-" + std::to_string(sp->id) + "-" + std::to_string(color), nranks, rank,
+                st->device, config ? config->blocking != 0 : comm->blocking, newcomm);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)

@@ -2,8 +2,8 @@
  * A fake NCCL for the emulated CUDA backend (DESIGN: the NCCL transport): the part of nccl.h that
  * comm/nccl.c uses, with NCCL's names, values and C linkage, over the fake runtime's deferred
  * streams (emu/fake_nccl.cpp). It tests ringattn's use of NCCL, not NCCL:
- * communicators made by rendezvous on a unique id (ranks as threads of one process), point-to-
- * point messages matched in order per (sender, receiver) pair and copied in both streams' order,
+ * communicators made by rendezvous on a unique id (ranks as threads of one process) or split off
+ * one, point-to-point messages matched in order per (sender, receiver) pair and copied in both streams' order,
  * group calls, all-reduce, non-blocking communicators, asynchronous errors and abort. The emulated
  * library finds this header before a real one (emu/CMakeLists.txt). C and C++.
  */
@@ -74,6 +74,11 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                     ncclConfig_t *config);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
+#define NCCL_SPLIT_NOCOLOR (-1)
+/* Collective over comm: the ranks of one color, ordered by (key, rank in comm); none for
+   NCCL_SPLIT_NOCOLOR (*newcomm = NULL). config NULL: as comm (blocking or not). */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
