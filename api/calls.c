@@ -13,6 +13,7 @@
 #include "base/abi.h"
 #include "plan/buffers.h"
 #include "ring/ring.h"
+#include "api/calls.h"
 
 static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
                                     const ringattn_tensors_t *caller, void *stream,
@@ -111,21 +112,22 @@ static ringattn_status_t make_qkvo(const char *fn, const struct ringattn_plan *p
     return RINGATTN_SUCCESS;
 }
 
-/* The backward's own tensors: dO and the gradients. */
+/* The backward's own tensors: dO and the gradients (dK, dV float32 for grads_f32). */
 static ringattn_status_t make_grads(const char *fn, const struct ringattn_plan *p,
-                                    const ringattn_tensors_t *t, ra_args *a)
+                                    const ringattn_tensors_t *t, int grads_f32, ra_args *a)
 {
     const ra_kernel_params *k = &p->kp;
     const int H = k->num_heads, Hk = k->num_kv_heads, D = k->head_dim, Dv = k->head_dim_v;
     const int64_t tq = k->queries->rows, tk = ra__local_keys(p)->rows;
+    const ringattn_dtype_t dkv = grads_f32 ? RINGATTN_FLOAT32 : k->dtype;
     RA_TRY(ra__view_make(fn, "dout", t->dout, k->dtype, tq, H, Dv, 0, &a->dout));
     RA_TRY(ra__view_make(fn, "dq", t->dq, k->dtype, tq, H, D, 1, &a->dq));
-    RA_TRY(ra__view_make(fn, "dk", t->dk, k->dtype, tk, Hk, D, 1, &a->dk));
+    RA_TRY(ra__view_make(fn, "dk", t->dk, dkv, tk, Hk, D, 1, &a->dk));
     RA_CHECK(t->dsinks == NULL || t->sinks != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: dsinks: given without sinks, expected both or neither (SPEC 11)", fn);
     a->dsinks = t->dsinks;
     a->dlse = t->dlse;
-    return ra__view_make(fn, "dv", t->dv, k->dtype, tk, Hk, Dv, 1, &a->dv);
+    return ra__view_make(fn, "dv", t->dv, dkv, tk, Hk, Dv, 1, &a->dv);
 }
 
 /* After every tensor's shape and strides (so that a wrong stride is told as one whatever the
@@ -178,14 +180,17 @@ static ringattn_status_t backward_workspace(const char *fn, struct ringattn_plan
    checks and facts agreed before anything moves. */
 static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
                                     const ringattn_tensors_t *caller, void *stream, int backward,
-                                    ra_call *c)
+                                    const ra_call_opts *o, ra_call *c)
 {
     if (ra__plan_check(fn, plan) != RINGATTN_SUCCESS) {
         ra__comm_refused(); /* no ring to agree over: the next agreement carries the refusal */
         return plan == NULL ? RINGATTN_ERR_INVALID_ARGUMENT : RINGATTN_ERR_INVALID_USAGE;
     }
     ringattn_tensors_t t;
-    ringattn_status_t st = check_call(fn, plan, caller, stream, &t);
+    c->grads_f32 = o->grads_f32 && backward;
+    c->dq_f32 = o->dq_f32;
+    ringattn_status_t st = o->prior;
+    if (st == RINGATTN_SUCCESS) st = check_call(fn, plan, caller, stream, &t);
     if (st == RINGATTN_SUCCESS && backward && plan->kind->backward == NULL)
         st = ra__fail(RINGATTN_ERR_UNSUPPORTED, "%s: the plan is %s, which is forward only", fn,
                       plan->kind->name);
@@ -194,7 +199,7 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
                       "%s: the %s backend has no backward kernels yet (forward only)", fn,
                       plan->be->name);
     if (st == RINGATTN_SUCCESS) st = make_qkvo(fn, plan, &t, !backward, &c->a);
-    if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, &c->a);
+    if (st == RINGATTN_SUCCESS && backward) st = make_grads(fn, plan, &t, c->grads_f32, &c->a);
     if (st == RINGATTN_SUCCESS) st = check_tensors(fn, plan, backward, &c->a, &t);
     if (st == RINGATTN_SUCCESS && backward) st = backward_workspace(fn, plan);
     return ra__call_agree(plan, fn, st, backward, c);
@@ -208,11 +213,14 @@ static ringattn_status_t call_begin(const char *fn, ringattn_plan_t plan,
  * the transport may still run over its buffers (DESIGN, failure semantics).
  */
 static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const ra_call *c,
+                                   const ra_call_opts *o,
                                    ringattn_status_t (*ring)(struct ringattn_plan *,
                                                              const ra_call *))
 {
     if (plan->comm) ra__comm_beacon_attach(plan->comm, &plan->stream);
+    if (o->beacon) ra__comm_beacon_attach(o->beacon, &plan->stream);
     ringattn_status_t st = ring(plan, c);
+    if (o->beacon) ra__comm_beacon_detach(o->beacon, &plan->stream);
     if (plan->comm) {
         ra__comm_beacon_detach(plan->comm, &plan->stream);
         st = ra__comm_conclude(plan->comm, fn, st);
@@ -222,19 +230,30 @@ static ringattn_status_t call_ring(const char *fn, ringattn_plan_t plan, const r
     return st;
 }
 
-/* A forward or backward call, on the plan's device (the caller's current one put back). */
-static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
-                              void *stream, int backward)
+ringattn_status_t ra__call_plan(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                void *stream, int backward, const ra_call_opts *o)
 {
     const int previous = ra__registry_contains(plan) ? ra__device_enter(plan) : -1;
     ra_call c = {0};
-    ringattn_status_t st = call_begin(fn, plan, t, stream, backward, &c);
+    ringattn_status_t st = call_begin(fn, plan, t, stream, backward, o, &c);
     if (st == RINGATTN_SUCCESS)
-        st = call_ring(fn, plan, &c, backward ? plan->kind->backward : plan->kind->forward);
+        st = call_ring(fn, plan, &c, o, backward ? plan->kind->backward : plan->kind->forward);
     if (previous >= 0) ra__device_leave(plan, previous);
+    return st;
+}
+
+/* A forward or backward call: a flat plan's, or a 2D plan's (api/grid_calls.c). */
+static ringattn_status_t call(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                              void *stream, int backward)
+{
+    static const ra_call_opts plain = {RINGATTN_SUCCESS, 0, NULL, NULL};
+    const int live = ra__registry_contains(plan);
+    const ringattn_status_t st = live && plan->grid
+                                     ? ra__grid_call(fn, plan, t, stream, backward)
+                                     : ra__call_plan(fn, plan, t, stream, backward, &plain);
     if (st != RINGATTN_SUCCESS) { /* the log line of a failure is its message */
-        const int live = ra__registry_contains(plan);
-        ra__log_failure(RA_SUB_RING, live ? plan->rank : -1, live ? plan->ranks : 0, st);
+        const int still = ra__registry_contains(plan);
+        ra__log_failure(RA_SUB_RING, still ? plan->rank : -1, still ? plan->ranks : 0, st);
     }
     return st;
 }

@@ -50,6 +50,12 @@ struct ra_plan_desc_v0_3 {
     const int32_t *cache_bounds, *cu_seqlens_new;
 };
 
+/* 0.4 added precision; 0.6 ulysses_size. */
+struct ra_plan_desc_v0_4 {
+    struct ra_plan_desc_v0_3 v0_3;
+    ringattn_precision_t precision;
+};
+
 struct ra_tensors_v0_2 {
     size_t struct_size;
     ringattn_tensor_t q, k, v, o;
@@ -75,6 +81,14 @@ struct ra_plan_info_v0_1 {
         backward_bytes_received;
 };
 
+/* 0.2 added the backend, tiles and memory; 0.6 the 2D plan's fields. */
+struct ra_plan_info_v0_2 {
+    struct ra_plan_info_v0_1 v0_1;
+    ringattn_backend_t backend;
+    int device, block_q, block_k;
+    size_t bias_bytes_received, workspace_bytes, buffer_bytes, host_bytes, memory_bytes;
+};
+
 /* A released size of a struct and the bytes of the current struct it covers. */
 typedef struct release {
     size_t size, used;
@@ -84,6 +98,7 @@ static const release desc_releases[] = {
     {sizeof(struct ra_plan_desc_v0_1), offsetof(ringattn_plan_desc_t, backend)},
     {sizeof(struct ra_plan_desc_v0_2), offsetof(ringattn_plan_desc_t, sharded_cache)},
     {sizeof(struct ra_plan_desc_v0_3), offsetof(ringattn_plan_desc_t, precision)},
+    {sizeof(struct ra_plan_desc_v0_4), offsetof(ringattn_plan_desc_t, ulysses_size)},
     {sizeof(ringattn_plan_desc_t), sizeof(ringattn_plan_desc_t)},
 };
 static const release tensors_releases[] = {
@@ -97,6 +112,7 @@ static const release transport_releases[] = {
 };
 static const release info_releases[] = {
     {sizeof(struct ra_plan_info_v0_1), offsetof(ringattn_plan_info_t, backend)},
+    {sizeof(struct ra_plan_info_v0_2), offsetof(ringattn_plan_info_t, ulysses_size)},
     {sizeof(ringattn_plan_info_t), sizeof(ringattn_plan_info_t)},
 };
 
@@ -129,6 +145,15 @@ _Static_assert(offsetof(ringattn_tensors_t, sinks) ==
 _Static_assert(sizeof(struct ra_plan_desc_v0_1) != sizeof(ringattn_plan_desc_t) &&
                    sizeof(struct ra_plan_info_v0_1) != sizeof(ringattn_plan_info_t),
                "a size names one release");
+
+_Static_assert(offsetof(ringattn_plan_desc_t, ulysses_size) ==
+                       offsetof(struct ra_plan_desc_v0_4, precision) + sizeof(int) &&
+                   sizeof(struct ra_plan_desc_v0_4) != sizeof(ringattn_plan_desc_t) &&
+                   sizeof(struct ra_plan_desc_v0_4) != sizeof(struct ra_plan_desc_v0_3) &&
+                   offsetof(ringattn_plan_info_t, ulysses_size) == sizeof(struct ra_plan_info_v0_2) &&
+                   sizeof(struct ra_plan_info_v0_2) != sizeof(ringattn_plan_info_t),
+               "0.4 descriptor and 0.2 info fields are prefixes of the current ones, and their "
+               "sizes one release's");
 
 /* The bytes of the current struct a caller's struct_size covers, or 0 if it is no release. */
 static size_t covered(const release *r, size_t n, size_t size)

@@ -176,13 +176,28 @@ typedef struct ringattn_plan_desc {
                                     them (only its k_new, v_new are read) */
     /* since 0.4 */
     ringattn_precision_t precision; /* default DEFAULT (SPEC 9) */
+    /* since 0.6: two-dimensional context parallelism (README, "2D context parallelism";
+       DESIGN, "Ulysses inside a group, the ring across groups"). P_u: 0 or 1 is a flat ring
+       over the comm. Else the comm's P ranks form P / P_u groups of P_u consecutive ranks
+       (group g: ranks g P_u .. g P_u + P_u - 1, as the GPUs of a node are numbered; other
+       groupings: ringattn_plan_create_2d). Inside a group an all-to-all trades the sequence for
+       the heads: each rank attends H / P_u query heads over its group's tokens, on a ring of
+       the P / P_u ranks at its place in every group. The layout splits the tokens among the
+       groups; a group's tokens are then split among its ranks in P_u consecutive pieces
+       (ringattn_plan_local_tokens). Needs P % P_u == 0, H % P_u == 0, and H_kv % P_u == 0 or
+       P_u % H_kv == 0 (then each kv head is replicated on P_u / H_kv ranks of a group). Not
+       with a KV cache (sharded_cache, cu_seqlens_new): RINGATTN_ERR_UNSUPPORTED. */
+    int ulysses_size;
+    /* nonzero: the groups are strided instead, group g being ranks g, g + P / P_u, g + 2 P /
+       P_u, ... (a launcher that numbers ranks node after node in round robin). */
+    int ulysses_strided;
 } ringattn_plan_desc_t;
 
 #define RINGATTN_PLAN_DESC_INIT                                                              \
     {                                                                                       \
         sizeof(ringattn_plan_desc_t), 0, 0, 0, 0, RINGATTN_FLOAT32, RINGATTN_LAYOUT_CONTIGUOUS, \
             0, NULL, NULL, 0, -1, -1, 0.0f, 0.0f, NULL, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1, \
-            0, NULL, NULL, RINGATTN_PRECISION_DEFAULT                                       \
+            0, NULL, NULL, RINGATTN_PRECISION_DEFAULT, 0, 0                                 \
     }
 
 /*
@@ -286,6 +301,15 @@ RINGATTN_API ringattn_status_t ringattn_comm_create_mpi_fortran(int64_t fortran_
 RINGATTN_API ringattn_status_t ringattn_comm_rank(ringattn_comm_t comm, int *rank, int *size);
 /* NULL is a no-op. */
 RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);
+/*
+ * A simulated world: the comm of rank `rank` of `size` ranks with no peers behind it, to make
+ * the plan rank would get and read its schedule, traffic and memory (ringattn_plan_get_info;
+ * ringattn-info) for any size, on one machine, without data. Its agreements see every rank
+ * pass what this rank passes; plans on it are refused by ringattn_forward and
+ * ringattn_backward (RINGATTN_ERR_UNSUPPORTED, nothing written). Not collective.
+ */
+RINGATTN_API ringattn_status_t ringattn_comm_create_simulated(int rank, int size,
+                                                              ringattn_comm_t *comm);
 
 /*
  * comm == NULL: one rank (plain flash attention with every mask; also the local API).
@@ -295,6 +319,19 @@ RINGATTN_API ringattn_status_t ringattn_comm_destroy(ringattn_comm_t comm);
 RINGATTN_API ringattn_status_t ringattn_plan_create(ringattn_comm_t comm,
                                                     const ringattn_plan_desc_t *desc,
                                                     ringattn_plan_t *plan);
+/*
+ * A 2D plan (desc->ulysses_size) over two comms of the caller's: group_comm, the P_u ranks of
+ * this rank's group (the all-to-all: NVLink inside a node), and ring_comm, the P_r ranks at
+ * this rank's place in every group (the ring: between nodes). Rank g of ring_comm's group is
+ * group g; the grid's rank is (ring rank) P_u + (group rank). Collective over both: every rank
+ * of the P_u P_r calls it with the same descriptor. desc->ulysses_size must be 0 or P_u. Both
+ * comms must be of one kind of memory (host, or the plan's device) and stay alive until the
+ * plan is destroyed. A failure of either fails the calls of every rank.
+ */
+RINGATTN_API ringattn_status_t ringattn_plan_create_2d(ringattn_comm_t group_comm,
+                                                       ringattn_comm_t ring_comm,
+                                                       const ringattn_plan_desc_t *desc,
+                                                       ringattn_plan_t *plan);
 /*
  * The tokens this rank holds, in local row order: *count of them, and when global_index is not
  * NULL (an array of *count entries, ask for the count first) the index of each in the global
@@ -336,11 +373,22 @@ typedef struct ringattn_plan_info {
     size_t buffer_bytes;          /* the ring's buffers (shards, sums, state), backend memory */
     size_t host_bytes;            /* host memory besides (token maps, schedule, selection) */
     size_t memory_bytes;          /* everything the plan holds: the three above */
+    /* since 0.6: a 2D plan (ulysses_size > 1; a flat ring has 1 and ranks). rank and ranks
+       above are then the whole grid's, num_steps and compute_steps the ring's, and the
+       forward_/backward_bytes above what moves on the ring (between groups). The all-to-all
+       inside the group moves alltoall_* bytes per call (this rank's, to and from the other
+       ranks of its group): Q, K, V (and key bias) in and O, LSE out in a forward; Q, K, V, O,
+       dO, LSE (and key bias) in and dQ, dK, dV (and dBias) out in a backward, dK and dV in
+       float32 where kv heads are replicated; a dLSE, when given, adds 4 bytes per head and
+       token like LSE. */
+    int ulysses_size, ring_size;
+    size_t alltoall_forward_bytes_sent, alltoall_forward_bytes_received;
+    size_t alltoall_backward_bytes_sent, alltoall_backward_bytes_received;
 } ringattn_plan_info_t;
 
 #define RINGATTN_PLAN_INFO_INIT \
     {sizeof(ringattn_plan_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, RINGATTN_BACKEND_AUTO, -1, 0, 0, 0, \
-     0, 0, 0, 0}
+     0, 0, 0, 0, 1, 1, 0, 0, 0, 0}
 
 RINGATTN_API ringattn_status_t ringattn_plan_get_info(ringattn_plan_t plan,
                                                       ringattn_plan_info_t *info);

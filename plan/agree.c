@@ -30,7 +30,7 @@ typedef struct field_hash {
     int64_t hash;
 } field_hash;
 
-enum { NUM_FIELDS = 24 };
+enum { NUM_FIELDS = 26 };
 
 /* Every field that changes the result or the schedule (not num_threads or device: per-rank
    choices), and the backend the descriptor resolved to. */
@@ -68,6 +68,8 @@ static void desc_fields(const ringattn_plan_desc_t *d, ringattn_backend_t backen
         {"cu_seqlens_new",
          d->cu_seqlens_new ? ra__hash_of(d->cu_seqlens_new, n * sizeof(int32_t)) : 0},
         FIELD("precision", d->precision),
+        FIELD("ulysses_size", d->ulysses_size),
+        FIELD("ulysses_strided", d->ulysses_strided),
     };
     memcpy(f, all, sizeof all);
 }

@@ -191,7 +191,7 @@ static ringattn_status_t check_backend(const ringattn_plan_desc_t *d,
 static ringattn_status_t check_transport(ringattn_comm_t comm, const ringattn_plan_desc_t *d,
                                          const struct ra_backend *be)
 {
-    if (!comm || comm->size == 1) return RINGATTN_SUCCESS; /* nothing moves */
+    if (!comm || comm->size == 1 || comm->simulated) return RINGATTN_SUCCESS; /* nothing moves */
     const int device_backend = ra__memory_on_device(be->memory);
     RA_CHECK(device_backend == comm->on_device, RINGATTN_ERR_UNSUPPORTED,
              FN ": comm: the %s transport moves %s memory, but the %s backend's tensors are %s "
@@ -257,6 +257,11 @@ ringattn_status_t ra__desc_check(ringattn_comm_t comm, const ringattn_plan_desc_
     RA_TRY(check_tuning(desc));
     RA_TRY(check_backend(desc, backend));
     RA_TRY(check_transport(comm, desc, *backend));
+    /* a 2D plan (plan/grid.c) checks its own split of the ranks and heads */
+    RA_CHECK(desc->ulysses_size >= 0 && (desc->ulysses_size <= 1 || comm != NULL),
+             RINGATTN_ERR_INVALID_ARGUMENT,
+             FN ": desc.ulysses_size: got %d, expected 0 or 1 (a flat ring), or the size of a "
+                "group of the comm's ranks (not without a comm)", desc->ulysses_size);
     return check_cache(comm, desc);
 }
 

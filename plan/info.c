@@ -33,6 +33,8 @@ void ra__plan_info_fill(const struct ringattn_plan *p, ringattn_plan_info_t *inf
     info->buffer_bytes = p->buf->bytes;
     info->host_bytes = p->host_bytes + p->buf->host_bytes;
     info->memory_bytes = info->workspace_bytes + info->buffer_bytes + info->host_bytes;
+    info->ulysses_size = 1; /* a flat plan (a 2D one: plan/grid.c) */
+    info->ring_size = p->ranks;
 }
 
 void ra__plan_log(const struct ringattn_plan *p)

@@ -15,6 +15,7 @@
 #include "plan/agree.h"
 #include "plan/buffers.h"
 #include "plan/check.h"
+#include "plan/grid.h"
 #include "plan/info.h"
 #include "plan/layout.h"
 #include "plan/plan.h"
@@ -257,7 +258,10 @@ ringattn_status_t ra__plan_destroy(ringattn_plan_t plan)
     RA_CHECK(ra__registry_remove(plan), RINGATTN_ERR_INVALID_USAGE,
              "ringattn_plan_destroy: plan: got %p, expected a live plan (destroyed twice?)",
              (void *)plan);
-    plan_free(plan);
+    if (plan->grid)
+        ra__grid_destroy(plan);
+    else
+        plan_free(plan);
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }

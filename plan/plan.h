@@ -61,6 +61,10 @@ struct ringattn_plan {
     struct ra_buffers *buf;      /* the driver's buffers (plan/buffers.h) */
     struct ra_select *select;    /* SPEC 6 top-k thresholds and their scratch */
     size_t host_bytes;           /* host memory the plan holds besides buf and ws */
+    /* A 2D plan (plan/grid.h): this struct is then a shell around the grid, whose inner plan
+       does the work; of the fields above only be, device, rank, ranks, stream and host_bytes
+       are set. */
+    struct ra_grid *grid;
 };
 
 /* This rank's own keys: its shard in a ring or a sharded cache, every cached key on one rank. */

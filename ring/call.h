@@ -26,6 +26,11 @@ typedef struct ra_call {
     ra_args a;
     int scale_q_first; /* |Q| |K| D could overflow float32: the kernels scale Q first */
     int recompute;     /* backward: some rank has rows whose LSE is lossy (ra__lse_lossy) */
+    /* backward of a 2D plan's inner ring whose kv heads are replicated (plan/grid.h): dK, dV
+       (packed) are written as the float32 sums, which the group adds up before rounding once.
+       One rank sums dQ into dq_f32 ([T_q, H, D] packed) first. */
+    int grads_f32;
+    float *dq_f32;
 } ra_call;
 
 /*

@@ -41,7 +41,21 @@ static ringattn_status_t backward_single(struct ringattn_plan *p, const ra_call 
     io.k = &c->a.k, io.v = &c->a.v, io.keys = &p->shards[0];
     io.dq = &c->a.dq, io.dk = &c->a.dk, io.dv = &c->a.dv;
     io.dyn = ra__ring_dyn_io(p, pr, 0, c->a.dbias);
-    return p->be->attend_backward(p->ws, &p->kp, &io);
+    if (!c->grads_f32) return p->be->attend_backward(p->ws, &p->kp, &io);
+    /* float32 sums of every gradient (ring/call.h), from zero; dQ then rounded once */
+    const ra_kernel_params *k = &p->kp;
+    const int64_t rows = k->queries->rows, keys = p->shards[0].rows;
+    const size_t f = sizeof(float);
+    RA_TRY(ra__plan_zero(p, c->a.dk.data, (size_t)keys * k->num_kv_heads * k->head_dim * f));
+    RA_TRY(ra__plan_zero(p, c->a.dv.data, (size_t)keys * k->num_kv_heads * k->head_dim_v * f));
+    RA_TRY(ra__plan_zero(p, c->dq_f32, (size_t)rows * k->num_heads * k->head_dim * f));
+    if (c->a.dbias) RA_TRY(ra__plan_zero(p, c->a.dbias, (size_t)keys * k->bias_heads * f));
+    const ra_view dq = {(char *)c->dq_f32, (int64_t)k->num_heads * k->head_dim, k->head_dim, f};
+    io.dq = &dq, io.accumulate = 1;
+    RA_TRY(p->be->attend_backward(p->ws, &p->kp, &io));
+    const ra_copy to_dq = {&dq, &c->a.dq, RINGATTN_FLOAT32, k->dtype, rows, k->num_heads,
+                           k->head_dim};
+    return p->be->copy(&to_dq, &p->stream);
 }
 
 /* The finished sums into the caller's dK, dV (dBias) and the dQ sums into dQ, converted. */
@@ -52,10 +66,10 @@ static ringattn_status_t store_grads(struct ringattn_plan *p, const ra_call *c, 
     ra_view sk, sv;
     float *sb;
     ra__packed_sums_views(p, p->buf->own_part, rows, &sk, &sv, &sb);
-    const ringattn_dtype_t f32 = RINGATTN_FLOAT32, dt = k->dtype;
+    const ringattn_dtype_t f32 = RINGATTN_FLOAT32, dt = k->dtype, dkv = c->grads_f32 ? f32 : dt;
     const ra_copy copies[] = {
-        {&sk, &c->a.dk, f32, dt, rows, k->num_kv_heads, k->head_dim},
-        {&sv, &c->a.dv, f32, dt, rows, k->num_kv_heads, k->head_dim_v},
+        {&sk, &c->a.dk, f32, dkv, rows, k->num_kv_heads, k->head_dim},
+        {&sv, &c->a.dv, f32, dkv, rows, k->num_kv_heads, k->head_dim_v},
         {dq, &c->a.dq, f32, dt, rows, k->num_heads, k->head_dim},
     };
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; ++i)

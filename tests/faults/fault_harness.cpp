@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include "faults/fault_harness.hpp"
 
 #include "support/alloc_fault.hpp"
@@ -26,6 +27,9 @@ ringattn_plan_desc_t problem_desc()
     d.cu_seqlens = cu;
     d.layout = RINGATTN_LAYOUT_ZIGZAG;
     d.backend = ratest::test_backend();
+    // RATEST_ULYSSES = P_u: the scenarios on a 2D plan (groups of P_u consecutive ranks), so
+    // that skipped, refused and stalled calls meet its all-to-all and its two comms
+    if (const char *u = std::getenv("RATEST_ULYSSES")) d.ulysses_size = std::atoi(u);
     if (d.backend != RINGATTN_BACKEND_CPU) return d; // a device backend's tiles are its own
     d.block_q = 16; // several tiles (several cblas_sgemm calls) per ring step
     d.block_k = 16;
@@ -102,6 +106,7 @@ const Reference &reference(uint64_t gen)
     std::vector<float> lse((size_t)H * T);
     ringattn_plan_desc_t d = problem_desc();
     d.backend = RINGATTN_BACKEND_CPU; // host tensors
+    d.ulysses_size = 0;               // one rank
     ringattn_plan_t plan = nullptr;
     ringattn_tensors_t t = tensors(in.q.data(), in.k.data(), in.v.data(), r.o.data(), lse.data(),
                                    in.dout.data(), r.dq.data(), r.dk.data(), r.dv.data());

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 namespace faults {
@@ -154,8 +155,15 @@ std::vector<Scenario> make()
                  [](int rank, const Outcomes &o) {
                      check_comm_failure(o[0], (rank == 1 ? 2.5 * DEADLINE : DEADLINE) + SLACK);
                      check_failed_fast(o[1]);
-                     // the message names who waited for whom, at which step of which call
+                     // the message names who waited for whom, at which step of which call;
+                     // on a 2D plan (RATEST_ULYSSES) the group waits in its agreement after
+                     // the inner ring, which names the deadline alone
                      INFO(o[0].message);
+                     if (std::getenv("RATEST_ULYSSES")) {
+                         CHECK((mentions(o[0], "no progress for") ||
+                                mentions(o[0], "no answer from some rank for")));
+                         return;
+                     }
                      CHECK(mentions(o[0], "no progress for"));
                      CHECK(mentions(o[0], "ring step"));
                      CHECK(mentions(o[0], "of call"));

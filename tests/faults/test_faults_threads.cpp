@@ -193,6 +193,9 @@ TEST_CASE("faults over threads: no wrong result, no hang, every rank fails the s
         for (const Scenario &s : scenarios()) {
             if (s.stalls_sgemm && !host) continue;     // a device backend's kernels: no sgemm
             if (s.times_out && !tr.tells_peers) continue; // DESIGN: custom peers end at their deadlines
+            // a 2D plan over one comm splits it: the custom transport cannot (its users pass
+            // two comms to ringattn_plan_create_2d)
+            if (std::getenv("RATEST_ULYSSES") && tr.name == "custom") continue;
             SECTION(tr.name + ": " + s.name)
             {
                 const std::vector<Outcomes> outs = run_threads(tr, s);

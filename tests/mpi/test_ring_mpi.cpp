@@ -6,6 +6,10 @@
 // handle (ringattn_comm_create_mpi_fortran) bitwise equal to one from the MPI_Comm, bad handles
 // refused.
 //
+// 2D plans (Ulysses inside groups of consecutive ranks, the ring across them) for every group
+// size that divides the world: under tests/multinode the 2 x 2 grid has its all-to-all inside
+// each host and its ring between the hosts.
+//
 // RATEST_DIGEST=<prefix> (tests/multinode): every rank also writes one line per ring run, with
 // FNV-1a 64 hashes of the outputs it produced itself, to <prefix>.<world rank>, so that a run
 // across hosts can be compared bit for bit with a run on one host.
@@ -107,7 +111,65 @@ void check_every_layout(const Problem &pb, const std::string &what)
                                what + ", layout " + std::to_string(layout));
 }
 
+// A 2D plan (ringattn.h: ulysses_size) over MPI_COMM_WORLD, groups of pu consecutive ranks:
+// the library splits the comm, or (two_comms) the test splits MPI_COMM_WORLD itself and passes
+// both comms to ringattn_plan_create_2d. Gathered on every rank as ring_over's.
+Result grid_over(const Problem &pb, int pu, ringattn_layout_t layout, bool two_comms)
+{
+    int rank = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm split[2];
+    ringattn_comm_t sub[2] = {nullptr, nullptr};
+    RunOptions opt;
+    if (two_comms) {
+        MPI_Comm_split(MPI_COMM_WORLD, rank / pu, rank, &split[0]); // my group
+        MPI_Comm_split(MPI_COMM_WORLD, rank % pu, rank, &split[1]); // my place in every group
+        for (int i = 0; i < 2; ++i) REQUIRE(ringattn_comm_create_mpi(split[i], &sub[i]) == 0);
+        opt.make_plan = [&sub](int, ringattn_comm_t, const ringattn_plan_desc_t &d,
+                               ringattn_plan_t *plan) {
+            return ringattn_plan_create_2d(sub[0], sub[1], &d, plan);
+        };
+    } else {
+        opt.desc_hook = [pu](int, ringattn_plan_desc_t &d) { d.ulysses_size = pu; };
+    }
+    Result r = ring_over(MPI_COMM_WORLD, pb, layout, opt);
+    for (int i = 0; two_comms && i < 2; ++i) {
+        ringattn_comm_destroy(sub[i]);
+        MPI_Comm_free(&split[i]);
+    }
+    return r;
+}
+
 } // namespace
+
+TEST_CASE("2D plans over MPI are within SPEC 9 for every grid of the world", "[mpi][ulysses]")
+{
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    uint64_t seed = 900;
+    const Mask masks[] = {ratest::ring_masks[1], ratest::ring_masks[3], ratest::ring_masks[4]};
+    for (int pu = 2; pu < size; ++pu) {
+        if (size % pu) continue;
+        for (bool replicated : {false, true}) {
+            // H = 12 splits over groups of 2, 3, 4 and 6; H_kv = P_u, or below it (replicated)
+            for (const Mask &m : masks) {
+                AttnConfig c = ratest::ring_batch(m, replicated ? RINGATTN_BFLOAT16 : RINGATTN_FLOAT32);
+                c.H = 12;
+                c.Hkv = replicated ? (pu % 2 ? 1 : 2) : pu;
+                if (m.wl == 5) c = with_bias(c, replicated ? 1 : c.H, 11); // dynamic masks
+                const Problem pb = ratest::packed_problem(c, seed++);
+                const ratest::Spec9 judge = ringtest::judge_of(pb);
+                for (ringattn_layout_t layout : all_layouts)
+                    ringtest::check_result(grid_over(pb, pu, layout, layout == RINGATTN_LAYOUT_STRIPED),
+                                           judge, pb,
+                                           "grid " + std::to_string(pu) + " x " +
+                                               std::to_string(size / pu) + ", mask " + m.name +
+                                               ", layout " + std::to_string(layout));
+            }
+        }
+    }
+}
 
 TEST_CASE("ring over MPI is within SPEC 9 of the oracle", "[mpi]")
 {

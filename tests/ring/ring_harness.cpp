@@ -82,7 +82,8 @@ void rank_work(const Problem &pb, ringattn_comm_t comm, int rank, ringattn_layou
     d.layout = layout;
     if (opt.desc_hook) opt.desc_hook(rank, d);
     ringattn_plan_t plan = nullptr;
-    ringattn_status_t st = ringattn_plan_create(comm, &d, &plan);
+    ringattn_status_t st = opt.make_plan ? opt.make_plan(rank, comm, d, &plan)
+                                         : ringattn_plan_create(comm, &d, &plan);
     if (st != RINGATTN_SUCCESS) return sh.fail(rank, st);
     if (rank == opt.leave_rank) {
         ringattn_plan_destroy(plan);

@@ -36,6 +36,11 @@ struct RunOptions {
     // Otherwise, when set, each rank's thread makes its own comm, make_comm(rank, ranks, &comm),
     // and destroys it after its calls (a transport of the test's); unset: the threads transport.
     std::function<ringattn_status_t(int, int, ringattn_comm_t *)> make_comm;
+    // Makes a rank's plan instead of ringattn_plan_create(comm, desc) (a 2D plan over comms of
+    // the test's own: ringattn_plan_create_2d).
+    std::function<ringattn_status_t(int, ringattn_comm_t, const ringattn_plan_desc_t &,
+                                    ringattn_plan_t *)>
+        make_plan;
     // Called on each rank's thread after its calls, before its plan is destroyed.
     std::function<void(int)> after_calls;
     // This rank makes its plan and leaves without a call (the others' calls must fail).

@@ -1,0 +1,24 @@
+/* The calls' entry points below the public ones (api/calls.c, api/grid_calls.c). Internal. */
+#ifndef RINGATTN_API_CALLS_H
+#define RINGATTN_API_CALLS_H
+
+#include "ringattn.h"
+
+/* How a call runs beyond its tensors: a 2D plan's call of its inner ring (api/grid_calls.c). */
+typedef struct ra_call_opts {
+    ringattn_status_t prior; /* a failure so far: the call's agreement fails on every rank and
+                                nothing else runs */
+    int grads_f32;           /* backward: dK, dV as float32 sums (ring/call.h) */
+    float *dq_f32;           /* with grads_f32 on one rank: the float32 dQ it sums into */
+    ringattn_comm_t beacon;  /* another comm whose peers wait for this call: its heartbeats go
+                                out while the ring computes */
+} ra_call_opts;
+
+/* A forward or backward call of a flat plan (a ring, a KV cache plan or one rank). */
+ringattn_status_t ra__call_plan(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                void *stream, int backward, const ra_call_opts *o);
+/* The same of a 2D plan (plan/grid.h). */
+ringattn_status_t ra__grid_call(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
+                                void *stream, int backward);
+
+#endif

@@ -1,0 +1,241 @@
+/*
+ * ringattn_forward / ringattn_backward of a 2D plan (plan/grid.h). The call's agreements run
+ * over the group comm and then over the ring comm, which together reach every rank of the grid
+ * (each group's outcome travels on every ring), so that every rank learns of any rank's refusal
+ * or failure before anything further moves, and no rank returns success for a call that failed
+ * on another:
+ *   open (group, ring) - all-to-all in - group - the inner ring (its own agreements over the
+ *   ring) - group - all-to-all out - close (group, ring).
+ * A transport failure on either comm fails both (DESIGN, failure semantics).
+ */
+#include <string.h>
+
+#include "api/calls.h"
+#include "base/abi.h"
+#include "base/error.h"
+#include "base/memory_ops.h"
+#include "comm/comm.h"
+#include "plan/grid.h"
+#include "plan/plan.h"
+#include "ring/ulysses.h"
+
+/* The caller's tensors at this rank's rows and every head. */
+typedef struct grid_args {
+    ra_view q, k, v, o, dout, dq, dk, dv, lse, dlse, bias, dbias;
+    const float *sinks;
+    float *dsinks;
+} grid_args;
+
+/* [heads, rows] float32, or a NULL view */
+static ra_view by_heads(const float *data, int64_t rows)
+{
+    return (ra_view){(char *)data, 1, rows, sizeof(float)};
+}
+
+static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan *in,
+                                      const char *name, const void *data, const ra_view *v)
+{
+    if (!in->be->check_tensor || data == NULL) return RINGATTN_SUCCESS;
+    return in->be->check_tensor(in->ws, fn, name, data, v);
+}
+
+static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
+                                    const ringattn_tensors_t *caller, void *stream, int backward,
+                                    grid_args *a)
+{
+    const ra_grid *g = p->grid;
+    const struct ringattn_plan *in = g->inner;
+    const ra_kernel_params *k = &in->kp;
+    const int H = g->heads[RA_HEADS_Q], Hk = g->heads[RA_HEADS_KV], Hb = g->heads[RA_HEADS_BIAS];
+    const int D = k->head_dim, Dv = k->head_dim_v;
+    const int64_t n = ra__grid_rows(g, g->member);
+    const ringattn_dtype_t dt = k->dtype;
+    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
+    ringattn_tensors_t t;
+    RA_TRY(ra__tensors_in(fn, caller, &t));
+    RA_CHECK(stream == NULL || in->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
+    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
+    RA_CHECK(t.lse != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_CHECK(Hb == 0 || t.key_bias != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn, Hb);
+    RA_CHECK(t.dsinks == NULL || t.sinks != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: dsinks: given without sinks, expected both or neither (SPEC 11)", fn);
+    RA_TRY(ra__view_make(fn, "q", t.q, dt, n, H, D, 0, &a->q));
+    RA_TRY(ra__view_make(fn, "k", t.k, dt, n, Hk, D, 0, &a->k));
+    RA_TRY(ra__view_make(fn, "v", t.v, dt, n, Hk, Dv, 0, &a->v));
+    RA_TRY(ra__view_make(fn, "o", t.o, dt, n, H, Dv, !backward, &a->o));
+    a->lse = by_heads(t.lse, n);
+    a->bias = by_heads(Hb ? t.key_bias : NULL, n);
+    a->sinks = t.sinks;
+    if (backward) {
+        RA_TRY(ra__view_make(fn, "dout", t.dout, dt, n, H, Dv, 0, &a->dout));
+        RA_TRY(ra__view_make(fn, "dq", t.dq, dt, n, H, D, 1, &a->dq));
+        RA_TRY(ra__view_make(fn, "dk", t.dk, dt, n, Hk, D, 1, &a->dk));
+        RA_TRY(ra__view_make(fn, "dv", t.dv, dt, n, Hk, Dv, 1, &a->dv));
+        a->dlse = by_heads(t.dlse, n);
+        a->dbias = by_heads(Hb ? t.dbias : NULL, n);
+        a->dsinks = t.dsinks;
+    }
+    const struct {
+        const char *name;
+        const void *data;
+        const ra_view *view;
+    } memory[] = {
+        {"q", a->q.data, &a->q},        {"k", a->k.data, &a->k},      {"v", a->v.data, &a->v},
+        {"o", a->o.data, NULL},         {"lse", a->lse.data, NULL},   {"key_bias", a->bias.data, NULL},
+        {"sinks", a->sinks, NULL},      {"dout", a->dout.data, NULL}, {"dq", a->dq.data, NULL},
+        {"dk", a->dk.data, NULL},       {"dv", a->dv.data, NULL},     {"dlse", a->dlse.data, NULL},
+        {"dbias", a->dbias.data, NULL}, {"dsinks", a->dsinks, NULL},
+    };
+    for (size_t i = 0; i < sizeof memory / sizeof memory[0]; ++i)
+        if (n || !strcmp(memory[i].name, "sinks") || !strcmp(memory[i].name, "dsinks"))
+            RA_TRY(check_memory(fn, in, memory[i].name, memory[i].data, memory[i].view));
+    return RINGATTN_SUCCESS;
+}
+
+/* The inner plan's packed [group rows, heads, dim] tensor of this rank's heads. */
+static ra_view group_view(const ra_grid *g, void *data, int kind, int dim, size_t elem)
+{
+    return (ra_view){(char *)data, (int64_t)g->each[kind] * dim, dim, elem};
+}
+
+typedef struct mover {
+    const ra_grid *g;
+    const struct ra_backend *be;
+    void *stream;
+    ringattn_dtype_t dt;
+} mover;
+
+static ringattn_status_t to_heads(const mover *m, const ra_view *mine, void *group, int kind,
+                                  int dim, ringattn_dtype_t dt)
+{
+    if (!mine->data) return RINGATTN_SUCCESS;
+    const int by_heads_layout = mine->row == 1 && dim == 1; /* [H, T] float32 */
+    const ra_view gv = by_heads_layout ? (ra_view){group, 1, m->g->rows, sizeof(float)}
+                                       : group_view(m->g, group, kind, dim, mine->elem);
+    const ra_ulysses_move mv = {mine, &gv, dt, dt, kind, dim};
+    return ra__ulysses_to_heads(m->g, m->be, &mv, m->stream);
+}
+
+static ringattn_status_t to_tokens(const mover *m, const ra_view *mine, void *group, int kind,
+                                   int dim, ringattn_dtype_t dt, ringattn_dtype_t group_dt)
+{
+    if (!mine->data) return RINGATTN_SUCCESS;
+    const int by_heads_layout = mine->row == 1 && dim == 1;
+    const size_t elem = group_dt == RINGATTN_FLOAT32 ? sizeof(float) : mine->elem;
+    const ra_view gv = by_heads_layout ? (ra_view){group, 1, m->g->rows, sizeof(float)}
+                                       : group_view(m->g, group, kind, dim, elem);
+    const ra_ulysses_move mv = {mine, &gv, dt, group_dt, kind, dim};
+    return ra__ulysses_to_tokens(m->g, m->be, &mv, m->stream);
+}
+
+static ringattn_status_t moves_in(const mover *m, const grid_args *a, int backward)
+{
+    const ra_grid *g = m->g;
+    const int D = g->inner->kp.head_dim, Dv = g->inner->kp.head_dim_v;
+    const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
+    RA_TRY(to_heads(m, &a->q, g->q, RA_HEADS_Q, D, m->dt));
+    RA_TRY(to_heads(m, &a->k, g->k, RA_HEADS_KV, D, m->dt));
+    RA_TRY(to_heads(m, &a->v, g->v, RA_HEADS_KV, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->bias, g->bias, RA_HEADS_BIAS, 1, f32));
+    if (!backward) return RINGATTN_SUCCESS;
+    RA_TRY(to_heads(m, &a->o, g->o, RA_HEADS_Q, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->dout, g->dout, RA_HEADS_Q, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->lse, g->lse, RA_HEADS_Q, 1, f32));
+    return to_heads(m, &a->dlse, g->dlse, RA_HEADS_Q, 1, f32);
+}
+
+/* dsinks: the inner plan's heads were written in place; the others are not this rank's. */
+static ringattn_status_t zero_other_sinks(const mover *m, float *dsinks)
+{
+    const ra_grid *g = m->g;
+    const int first = ra__grid_first_head(g, RA_HEADS_Q, g->member), hq = g->each[RA_HEADS_Q];
+    const int H = g->heads[RA_HEADS_Q];
+    void *dev = ra__call_stream_device(m->stream);
+    if (first) RA_TRY(m->be->memory->zero(dsinks, (size_t)first * sizeof(float), dev));
+    if (first + hq < H)
+        RA_TRY(m->be->memory->zero(dsinks + first + hq, (size_t)(H - first - hq) * sizeof(float),
+                                   dev));
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t moves_out(const mover *m, const grid_args *a, int backward)
+{
+    const ra_grid *g = m->g;
+    const int D = g->inner->kp.head_dim, Dv = g->inner->kp.head_dim_v;
+    const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
+    if (!backward) {
+        RA_TRY(to_tokens(m, &a->o, g->o, RA_HEADS_Q, Dv, m->dt, m->dt));
+        return to_tokens(m, &a->lse, g->lse, RA_HEADS_Q, 1, f32, f32);
+    }
+    const ringattn_dtype_t dkv = ra__grid_replicated(g, RA_HEADS_KV) ? f32 : m->dt;
+    RA_TRY(to_tokens(m, &a->dq, g->dq, RA_HEADS_Q, D, m->dt, m->dt));
+    RA_TRY(to_tokens(m, &a->dk, g->dk, RA_HEADS_KV, D, m->dt, dkv));
+    RA_TRY(to_tokens(m, &a->dv, g->dv, RA_HEADS_KV, Dv, m->dt, dkv));
+    RA_TRY(to_tokens(m, &a->dbias, g->dbias, RA_HEADS_BIAS, 1, f32, f32));
+    return a->dsinks ? zero_other_sinks(m, a->dsinks) : RINGATTN_SUCCESS;
+}
+
+/* The inner plan's tensors: the group's tokens of this rank's heads. */
+static ringattn_tensors_t inner_tensors(const ra_grid *g, const grid_args *a, int backward)
+{
+    const int first = ra__grid_first_head(g, RA_HEADS_Q, g->member);
+    ringattn_tensors_t t = RINGATTN_TENSORS_INIT;
+    t.q.data = g->q, t.k.data = g->k, t.v.data = g->v, t.o.data = g->o, t.lse = g->lse;
+    t.key_bias = a->bias.data ? g->bias : NULL;
+    t.sinks = a->sinks ? a->sinks + first : NULL;
+    if (backward) {
+        t.dout.data = g->dout, t.dq.data = g->dq, t.dk.data = g->dk, t.dv.data = g->dv;
+        t.dlse = a->dlse.data ? g->dlse : NULL;
+        t.dbias = a->dbias.data ? g->dbias : NULL;
+        t.dsinks = a->dsinks ? a->dsinks + first : NULL;
+    }
+    return t;
+}
+
+/* A transport failure of one comm fails the other too, and the comm they were split from:
+   every later call on any of them fails at once, on every rank (their peers are told). */
+static ringattn_status_t fail_all(const ra_grid *g, ringattn_status_t st)
+{
+    if (st != RINGATTN_ERR_COMM) return st;
+    ringattn_comm_t all[3] = {g->group, g->ring, g->parent};
+    for (int i = 0; i < 3; ++i)
+        if (all[i] && !all[i]->failed) (void)ra__comm_fail(all[i], st);
+    return st;
+}
+
+ringattn_status_t ra__grid_call(const char *fn, ringattn_plan_t p, const ringattn_tensors_t *t,
+                                void *stream, int backward)
+{
+    ra_grid *g = p->grid;
+    const ra_call_kind kind = backward ? RA_CALL_BACKWARD : RA_CALL_FORWARD;
+    const int previous = ra__device_enter(g->inner);
+    grid_args a;
+    memset(&a, 0, sizeof a);
+    ringattn_status_t st = check_args(fn, p, t, stream, backward, &a);
+    /* over one comm the call opens on it, as a flat ring's does: it carries the calls this
+       process refused before they reached a comm (comm.h), which its split comms never do */
+    if (g->parent) st = fail_all(g, ra__comm_agree(g->parent, fn, kind, g->id[2], st, NULL, 0));
+    /* after a transport failure every comm of the grid is failed at once (fail_all), so the
+       agreements below return at once instead of each waiting out its own deadline */
+    st = fail_all(g, ra__comm_agree(g->group, fn, kind, g->id[0], st, NULL, 0));
+    st = fail_all(g, ra__comm_agree(g->ring, fn, kind, g->id[1], st, NULL, 0));
+    p->stream.device = stream;
+    const mover m = {g, g->inner->be, &p->stream, g->inner->kp.dtype};
+    if (st == RINGATTN_SUCCESS) st = moves_in(&m, &a, backward);
+    st = fail_all(g, ra__comm_conclude(g->group, fn, st));
+    const ringattn_tensors_t inner = inner_tensors(g, &a, backward);
+    const ra_call_opts o = {st, ra__grid_replicated(g, RA_HEADS_KV), g->dq_f32, g->group};
+    st = fail_all(g, ra__call_plan(fn, g->inner, &inner, stream, backward, &o));
+    st = fail_all(g, ra__comm_conclude(g->group, fn, st));
+    if (st == RINGATTN_SUCCESS) st = moves_out(&m, &a, backward);
+    st = fail_all(g, ra__comm_conclude(g->group, fn, st));
+    st = fail_all(g, ra__comm_conclude(g->ring, fn, st));
+    ra__device_leave(g->inner, previous);
+    if (st == RINGATTN_SUCCESS) ra__clear_error();
+    return st;
+}
