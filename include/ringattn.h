@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define RINGATTN_VERSION_MAJOR 0
-#define RINGATTN_VERSION_MINOR 5
+#define RINGATTN_VERSION_MINOR 6
 #define RINGATTN_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ringattn_version() returns at run time. */
 #define RINGATTN_VERSION \
