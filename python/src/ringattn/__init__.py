@@ -12,7 +12,7 @@ ringattn_last_error()'s message.
 from ._capi import (CommError, CudaError, InvalidArgumentError, OutOfMemory, RingattnError,
                     UnsupportedError, UsageError, library_path)
 from ._capi import lib as _lib
-from .core import Comm, Plan
+from .core import Comm, Grid, Plan
 from .log import log_to
 
 __version__ = _lib().ringattn_version_string().decode()
@@ -24,7 +24,7 @@ def cpu_kernels():
     return _lib().ringattn_cpu_kernels().decode()
 
 
-__all__ = ["Comm", "Plan", "RingattnError", "InvalidArgumentError", "UsageError",
+__all__ = ["Comm", "Grid", "Plan", "RingattnError", "InvalidArgumentError", "UsageError",
            "UnsupportedError", "CommError", "CudaError", "OutOfMemory", "library_path",
            "cpu_kernels", "log_to", "__version__"]
 

@@ -76,11 +76,13 @@ class PlanDesc(ctypes.Structure):
                 ("num_threads", ctypes.c_int), ("backend", ctypes.c_int), ("device", ctypes.c_int),
                 # since 0.3 (the KV cache's; not used here), since 0.4 (SPEC 9's level)
                 ("sharded_cache", ctypes.c_int), ("cache_bounds", ctypes.POINTER(ctypes.c_int32)),
-                ("cu_seqlens_new", ctypes.POINTER(ctypes.c_int32)), ("precision", ctypes.c_int)]
+                ("cu_seqlens_new", ctypes.POINTER(ctypes.c_int32)), ("precision", ctypes.c_int),
+                # since 0.6: 2D context parallelism (P_u; groups strided instead of consecutive)
+                ("ulysses_size", ctypes.c_int), ("ulysses_strided", ctypes.c_int)]
 
     def __init__(self, **fields):
         # RINGATTN_PLAN_DESC_INIT's defaults
-        base = dict(struct_size=ctypes.sizeof(PlanDesc), window_left=-1, window_right=-1,
+        base = dict(struct_size=struct_size(PlanDesc), window_left=-1, window_right=-1,
                     device=-1)
         base.update(fields)
         super().__init__(**base)
@@ -110,10 +112,44 @@ class PlanInfo(ctypes.Structure):
                 ("device", ctypes.c_int), ("block_q", ctypes.c_int), ("block_k", ctypes.c_int),
                 ("bias_bytes_received", ctypes.c_size_t), ("workspace_bytes", ctypes.c_size_t),
                 ("buffer_bytes", ctypes.c_size_t), ("host_bytes", ctypes.c_size_t),
-                ("memory_bytes", ctypes.c_size_t)]
+                ("memory_bytes", ctypes.c_size_t),
+                # since 0.6: a 2D plan's grid and its all-to-all's bytes per call (a flat ring:
+                # ulysses_size 1, ring_size its ranks, no all-to-all)
+                ("ulysses_size", ctypes.c_int), ("ring_size", ctypes.c_int),
+                ("alltoall_forward_bytes_sent", ctypes.c_size_t),
+                ("alltoall_forward_bytes_received", ctypes.c_size_t),
+                ("alltoall_backward_bytes_sent", ctypes.c_size_t),
+                ("alltoall_backward_bytes_received", ctypes.c_size_t)]
 
     def __init__(self):
-        super().__init__(struct_size=ctypes.sizeof(PlanInfo), device=-1)
+        # RINGATTN_PLAN_INFO_INIT's defaults
+        super().__init__(struct_size=struct_size(PlanInfo), device=-1, ulysses_size=1,
+                         ring_size=1)
+
+
+# The structs' sizes in releases before 0.6 (the fields above the "since 0.6" ones). The library
+# takes every released size, so against a 0.5 library (no ringattn_plan_create_2d) the structs
+# are passed at their 0.5 size and work as before, without the 2D fields: struct_size() picks.
+class _PlanDesc05(ctypes.Structure):
+    _fields_ = PlanDesc._fields_[:-2]
+
+
+class _PlanInfo05(ctypes.Structure):
+    _fields_ = PlanInfo._fields_[:-6]
+
+
+_OLD_SIZES = {PlanDesc: ctypes.sizeof(_PlanDesc05), PlanInfo: ctypes.sizeof(_PlanInfo05)}
+
+
+def has_2d():
+    """Whether the loaded library has 2D context parallelism (0.6: ringattn_plan_create_2d)."""
+    return has("ringattn_plan_create_2d")
+
+
+def struct_size(cls):
+    """The struct_size to pass for PlanDesc or PlanInfo: the current one, or the 0.5 one where the
+    loaded library predates 0.6 (it would refuse a size it does not know)."""
+    return ctypes.sizeof(cls) if has_2d() else _OLD_SIZES[cls]
 
 
 # The public custom transport (include/ringattn_transport.h): the callbacks a framework
@@ -170,6 +206,8 @@ _PROTOTYPES = {
                                                ctypes.c_int, ctypes.c_int, ctypes.POINTER(Tensor),
                                                ctypes.POINTER(_P), Tensor, _P]),
     # entry points that only some builds or versions have: looked up by has()
+    "ringattn_plan_create_2d": (ctypes.c_int, [_P, _P, ctypes.POINTER(PlanDesc),
+                                               ctypes.POINTER(_P)]),
     "ringattn_comm_create_mpi_fortran": (ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(_P)]),
     "ringattn_comm_create_custom": (ctypes.c_int, [ctypes.POINTER(Transport), ctypes.c_int,
                                                    ctypes.c_int, ctypes.POINTER(_P)]),

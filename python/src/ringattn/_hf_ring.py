@@ -14,8 +14,10 @@ _local = threading.local()
 class Ring:
     """A sequence-parallel ring for HF models: comm, the GLOBAL cu_seqlens and a layout.
 
-    Making one is collective over comm (it plans the token layout). Use it as a context manager
-    (thread-local: each rank's thread enters its own) or pass it as model(..., ringattn_ring=r).
+    comm: a ringattn.Comm, or a ringattn.Grid (2D context parallelism: the rows are then the
+    grid's). Making one is collective over comm (it plans the token layout). Use it as a context
+    manager (thread-local: each rank's thread enters its own) or pass it as
+    model(..., ringattn_ring=r).
     """
 
     def __init__(self, comm, cu_seqlens, layout="zigzag"):

@@ -81,6 +81,16 @@ class Comm(_Handle):
     def __repr__(self):
         return "ringattn.Comm(rank=%d, size=%d)" % (self.rank, self.size)
 
+    def grid(self, ulysses_size, strided=False):
+        """This comm as a 2D grid that the library splits (Grid.split): groups of ulysses_size
+        consecutive ranks (strided: ranks g, g + P / P_u, ...). Made once per shape and kept, so
+        that plans cached by ringattn.torch keep finding it. Not collective."""
+        key = (int(ulysses_size), bool(strided))
+        grids = self.__dict__.setdefault("_grids", {})
+        if key not in grids:
+            grids[key] = Grid.split(self, *key)
+        return grids[key]
+
     @staticmethod
     def threads(num_ranks):
         """num_ranks ranks as threads of this process: comms[r] is used by thread r alone."""
@@ -114,6 +124,85 @@ class Comm(_Handle):
         return from_torch(group, device)
 
 
+class Grid:
+    """Two-dimensional context parallelism (ringattn.h's ulysses_size): P = P_u x P_r ranks in
+    P_r groups of P_u. Inside a group an all-to-all trades the sequence for the heads (Ulysses:
+    each rank attends H / P_u query heads over its group's tokens); across the groups the ring
+    runs, between the ranks at the same place in every group. Pass it wherever a Comm goes
+    (Plan's comm=, ringattn.torch's comm=, ringattn.hf.ring): plans made over it are 2D plans.
+
+    - Grid(group_comm, ring_comm): over two comms of the caller's (ringattn_plan_create_2d):
+      group_comm the P_u ranks of this rank's group, ring_comm the P_r ranks at its place in
+      every group (rank g of ring_comm is group g). The grid's rank is ring_comm.rank * P_u +
+      group_comm.rank. The only way over torch.distributed (the library cannot split a custom
+      transport's comm): ringattn.flash_attn's group=(ulysses_group, ring_group) or a 2-D
+      DeviceMesh make one.
+    - Grid.split(comm, ulysses_size, strided=False), or comm.grid(ulysses_size): one comm the
+      library splits itself (threads, MPI): groups of P_u consecutive ranks, or strided ones
+      (group g: ranks g, g + P / P_u, ...). rank is the comm's rank.
+
+    Which tokens a rank holds (ringattn_plan_local_tokens; ringattn.torch.plan gives them): the
+    layout splits each sequence among the P_r groups as a ring of P_r ranks would, and a group's
+    tokens (all its sequences' pieces, in order) are split among its P_u ranks in consecutive
+    pieces. Needs H % P_u == 0 and H_kv % P_u == 0 or P_u % H_kv == 0; no KV cache plans.
+    """
+
+    def __init__(self, group_comm, ring_comm, owned=False):
+        for name, c in (("group_comm", group_comm), ("ring_comm", ring_comm)):
+            if not isinstance(c, Comm):
+                raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn.Grid: %s must be a "
+                                             "ringattn.Comm, got %r" % (name, c))
+        self.group, self.ring, self.comm, self.strided = group_comm, ring_comm, None, False
+        self.ulysses_size, self.ring_size = group_comm.size, ring_comm.size
+        self.rank = ring_comm.rank * group_comm.size + group_comm.rank
+        self._owned = (group_comm, ring_comm) if owned else ()  # closed with the grid
+        self._register()
+
+    @staticmethod
+    def split(comm, ulysses_size, strided=False):
+        """A grid over one comm that the library splits (class docstring). Not collective: the
+        split happens at each plan's creation."""
+        if not isinstance(comm, Comm):
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn.Grid.split: comm must be "
+                                         "a ringattn.Comm, got %r" % (comm,))
+        pu = int(ulysses_size)
+        if pu < 1 or comm.size % pu:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn.Grid.split: ulysses_size "
+                                         "%d does not divide the comm's %d ranks" % (pu, comm.size))
+        self = Grid.__new__(Grid)
+        self.group = self.ring = None
+        self.comm, self.strided = comm, bool(strided)
+        self.ulysses_size, self.ring_size = pu, comm.size // pu
+        self.rank, self._owned = comm.rank, ()
+        self._register()
+        return self
+
+    def _register(self):
+        self.size = self.ulysses_size * self.ring_size
+        self._plans = weakref.WeakSet()
+        self.id = next(Comm._ids)  # torch ops name a grid by its id, as a Comm
+        Comm._registry[self.id] = self
+
+    def comms(self):
+        """The comms under the grid: (group_comm, ring_comm), or (comm,) for a split one."""
+        return (self.comm,) if self.comm is not None else (self.group, self.ring)
+
+    @property
+    def _handle(self):  # live while every comm under it is
+        return all(c._handle for c in self.comms())
+
+    def close(self):
+        """Destroys the plans made over the grid, and the comms it was made with owned=True."""
+        for plan in list(self._plans):
+            plan.close()
+        for c in self._owned:
+            c.close()
+
+    def __repr__(self):
+        return "ringattn.Grid(rank=%d, ulysses_size=%d, ring_size=%d%s)" % (
+            self.rank, self.ulysses_size, self.ring_size, ", strided" if self.strided else "")
+
+
 def _window(causal, window):
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     return left, (0 if causal else right)
@@ -130,7 +219,12 @@ def _int32_array(values, what):
 
 
 class Plan(_Handle):
-    """ringattn_plan_t for one descriptor (ringattn_plan_desc_t's fields as keywords)."""
+    """ringattn_plan_t for one descriptor (ringattn_plan_desc_t's fields as keywords).
+
+    comm: None (one rank), a Comm (a ring over its ranks) or a Grid (a 2D plan). ulysses_size
+    (and ulysses_strided) with a Comm: a 2D plan over that comm, split by the library, as
+    comm.grid(ulysses_size, ulysses_strided) gives (threads, MPI; not a torch.distributed comm,
+    whose custom transport the library cannot split: use a Grid of two comms there)."""
 
     _destroy = "ringattn_plan_destroy"
 
@@ -138,7 +232,7 @@ class Plan(_Handle):
                  dtype="float32", layout="contiguous", cu_seqlens_k=None, causal=False,
                  window=None, scale=0.0, softcap=0.0, alibi_slopes=None, key_bias_heads=0,
                  keep_k=0, block_q=0, block_k=0, num_threads=0, backend="cpu", device=-1,
-                 precision="default", comm=None):
+                 precision="default", comm=None, ulysses_size=0, ulysses_strided=False):
         if (dtype not in DTYPES or layout not in C.LAYOUTS or backend not in BACKENDS or
                 precision not in C.PRECISIONS):
             raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: dtype must be one of %s, "
@@ -155,7 +249,7 @@ class Plan(_Handle):
         self.num_kv_heads = int(num_kv_heads) or self.num_heads
         self.head_dim_v = int(head_dim_v) or self.head_dim
         self.dtype, self.dtype_code = dtype, DTYPES[dtype]
-        self.key_bias_heads, self.comm = int(key_bias_heads), comm
+        self.key_bias_heads = int(key_bias_heads)
         desc = C.PlanDesc(
             num_heads=self.num_heads, num_kv_heads=int(num_kv_heads), head_dim=self.head_dim,
             head_dim_v=int(head_dim_v), dtype=self.dtype_code, layout=C.LAYOUTS[layout],
@@ -170,12 +264,29 @@ class Plan(_Handle):
             desc.cu_seqlens_k = self.cu_seqlens_k.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         if slopes is not None:
             desc.alibi_slopes = slopes.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        comm = _grid_of(comm, ulysses_size, ulysses_strided)
+        self.comm = comm
         handle = ctypes.c_void_p()
-        C.call("ringattn_plan_create", None if comm is None else comm.handle, ctypes.byref(desc),
-               ctypes.byref(handle))
+        if isinstance(comm, Grid):
+            if not C.has_2d():
+                raise C.UnsupportedError(C.UNSUPPORTED, "ringattn: this libringattn (%s) has no "
+                                         "2D context parallelism (0.6's ringattn_plan_create_2d)"
+                                         % C.lib().ringattn_version_string().decode())
+            desc.ulysses_size, desc.ulysses_strided = comm.ulysses_size, int(comm.strided)
+            if comm.comm is not None:  # one comm: the library splits it
+                C.call("ringattn_plan_create", comm.comm.handle, ctypes.byref(desc),
+                       ctypes.byref(handle))
+            else:
+                C.call("ringattn_plan_create_2d", comm.group.handle, comm.ring.handle,
+                       ctypes.byref(desc), ctypes.byref(handle))
+        else:
+            C.call("ringattn_plan_create", None if comm is None else comm.handle,
+                   ctypes.byref(desc), ctypes.byref(handle))
         self._handle = handle
-        if comm is not None:
+        if comm is not None:  # closed before any comm it runs on
             comm._plans.add(self)
+            for c in comm.comms() if isinstance(comm, Grid) else ():
+                c._plans.add(self)
         count = ctypes.c_int64()
         C.call("ringattn_plan_local_tokens", handle, ctypes.byref(count), None)
         index = np.empty(count.value, dtype=np.int32)
@@ -196,10 +307,16 @@ class Plan(_Handle):
                        "key_bias": (self.key_bias_heads, tk)}
 
     def info(self):
-        """ringattn_plan_get_info as a dict: schedule, bytes per call, tiles and memory."""
+        """ringattn_plan_get_info as a dict: schedule, bytes per call, tiles and memory, and the
+        grid (ulysses_size, ring_size; 1 and ranks for a flat ring) with the all-to-all's bytes
+        per call (alltoall_*; 0 without one). In a 2D plan rank and ranks are the grid's,
+        num_steps, compute_steps and forward_/backward_bytes_* the ring's (between groups)."""
         info = C.PlanInfo()
         C.call("ringattn_plan_get_info", self.handle, ctypes.byref(info))
-        return {name: getattr(info, name) for name, _ in C.PlanInfo._fields_[1:]}
+        out = {name: getattr(info, name) for name, _ in C.PlanInfo._fields_[1:]}
+        if not C.has_2d():  # a 0.5 library fills no 2D field: every plan of it is a flat ring
+            out["ring_size"] = out["ranks"]
+        return out
 
     def local_tokens(self):
         return self.index.copy()
@@ -301,6 +418,25 @@ class Plan(_Handle):
         C.call("ringattn_plan_gather", self.handle, dtype_code, heads, dim, _flat_tensor(loc),
                _flat_tensor(out))
         return out
+
+
+def _grid_of(comm, ulysses_size, strided):
+    """The comm a plan is made over: comm, or comm.grid(ulysses_size) when one is asked for."""
+    pu = int(ulysses_size or 0)
+    if isinstance(comm, Grid):
+        if pu not in (0, comm.ulysses_size) or (pu and bool(strided) != comm.strided):
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: ulysses_size=%d "
+                                         "(strided %s) on a %r" % (pu, bool(strided), comm))
+        return comm
+    if pu > 1:  # (strided groups of one rank are no grid: a flat ring)
+        if comm is None:
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: ulysses_size=%d needs a "
+                                         "comm to split into groups" % pu)
+        if not isinstance(comm, Comm):
+            raise C.InvalidArgumentError(C.INVALID_ARGUMENT, "ringattn: comm must be a "
+                                         "ringattn.Comm or Grid, got %r" % (comm,))
+        return comm.grid(pu, strided)
+    return comm
 
 
 def _broadcast(arr):

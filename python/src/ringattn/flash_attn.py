@@ -8,8 +8,19 @@
 The names, argument order, defaults and return values are flash-attn 2's (flash_attn_interface,
 2.6 and later: softcap before alibi_slopes; varlen lse [H, total_q], batched lse [B, H, S_q]):
 flash_attn_func, flash_attn_varlen_func and their qkvpacked / kvpacked forms. What ringattn
-adds is keyword-only: group= (a torch.distributed process group; None is one rank, as in
-flash-attn) and layout= ("contiguous", "zigzag" or "striped", SPEC 8) for the ring.
+adds is keyword-only: group= and layout= ("contiguous", "zigzag" or "striped", SPEC 8). group:
+- None: one rank, as in flash-attn;
+- a torch.distributed process group (or a 1-D DeviceMesh): a ring over its ranks;
+- a pair (ulysses_group, ring_group) of process groups: 2D context parallelism (ringattn.Grid):
+  an all-to-all (Ulysses) inside ulysses_group, this rank's group of P_u ranks, and the ring
+  over ring_group, the P_r ranks at this rank's place in every group (rank g of ring_group is
+  group g). Every rank passes its own two groups (torch.distributed.new_group for each);
+- a 2-D torch.distributed.device_mesh.DeviceMesh: that pair, its groups taken by name when its
+  mesh_dim_names hold "ring" and "ulysses" (or "cp_ring" and "cp_ulysses"), in any order, else
+  by position: dim 0 the ring across groups, dim 1 Ulysses inside a group, so that
+  init_device_mesh(device, (P_r, P_u)) makes groups of P_u consecutive ranks (a node's GPUs).
+The library cannot split a torch.distributed comm itself (ringattn.Comm.grid is for threads and
+MPI comms): a 2D run over torch.distributed is given its two groups.
 
 In a ring every rank passes its own shard:
 - batched [B, S_local, H, D]: rank r holds its S_local tokens of each of the B sequences, in the
@@ -20,8 +31,14 @@ In a ring every rank passes its own shard:
 - varlen [T_local, H, D]: the concatenation of its pieces of every sequence (ringattn.torch.plan
   and shard() give them); cu_seqlens_q are the GLOBAL batch's boundaries, the same on every rank,
   and cu_seqlens_k must equal them (ring attention attends a token set to itself).
+On a 2D group the layout splits each sequence among the P_r groups (as the list above, with P_r
+and the group's place), and a group's rows, all its sequences' pieces in order, are split among
+its P_u ranks in consecutive pieces: shard_plan(cu_seqlens, group=..., layout=...) gives each
+rank's rows (its .index; ringattn.torch.shard / unshard cut and place them). Batched calls take
+the same rows viewed as [B, S_local] (every rank the same number of rows), so for B > 1 a rank's
+row block may span two sequences: the varlen form with the plan's rows is the plain one there.
 ringattn.ring_flash_attn has ring-flash-attn's spellings instead (local cu_seqlens, group None
-meaning the default group).
+meaning the default group, flat rings only).
 
 Semantics are SPEC's and flash-attn's: causal and windows bottom-right aligned when S_q != S_k,
 window (left, right) with -1 unbounded (causal sets right = 0), softcap c > 0 gives
@@ -38,7 +55,7 @@ import torch.distributed as dist
 
 from . import _capi as C
 from . import torch as rt
-from .core import Comm
+from .core import Comm, Grid
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
@@ -56,28 +73,84 @@ def _bad(message):
 # call itself) and kept, so that the plans cached by ringattn.torch keep finding it.
 
 _comm_lock = threading.Lock()
-_group_comms = {}  # (id(group), device) -> (group, Comm); the group is held so ids stay unique
+# (ids of the groups, device) -> (groups, Comm or Grid); the groups are held so ids stay unique
+_group_comms = {}
+
+
+def _is_mesh(group):
+    return type(group).__name__ == "DeviceMesh" and hasattr(group, "get_group")
+
+
+def mesh_groups(mesh):
+    """A DeviceMesh's process groups for this rank: the group of a 1-D mesh, or of a 2-D one
+    (ulysses_group, ring_group), by the names "ring"/"ulysses" or "cp_ring"/"cp_ulysses" where
+    mesh_dim_names has them, else dim 0 the ring and dim 1 Ulysses (module docstring)."""
+    if mesh.ndim == 1:
+        return mesh.get_group(0)
+    if mesh.ndim != 2:
+        raise _bad("a DeviceMesh group must have 1 dim (a ring) or 2 (ring, ulysses), got %d"
+                   % mesh.ndim)
+    names = tuple(mesh.mesh_dim_names or ())
+    for ring, ulysses in (("ring", "ulysses"), ("cp_ring", "cp_ulysses")):
+        if ring in names and ulysses in names:
+            return mesh.get_group(names.index(ulysses)), mesh.get_group(names.index(ring))
+    return mesh.get_group(1), mesh.get_group(0)
+
+
+def _groups(group):
+    """group= as (ulysses_group, ring_group), or a single process group for a flat ring."""
+    if _is_mesh(group):
+        group = mesh_groups(group)
+    if isinstance(group, (tuple, list)):
+        if len(group) != 2 or any(g is None or _is_mesh(g) or isinstance(g, (tuple, list))
+                                  for g in group):
+            raise _bad("a 2D group is a pair (ulysses_group, ring_group) of process groups, "
+                       "got %r" % (group,))
+        return tuple(group)
+    return group
 
 
 def group_comm(group, device):
     """ringattn's Comm over a torch.distributed group for tensors on `device`, or None when the
-    group has one rank (no ring to run)."""
+    group has one rank (no ring to run); for a pair (ulysses_group, ring_group) or a 2-D
+    DeviceMesh a ringattn.Grid over a comm of each group (module docstring). Made on first use
+    (collective over the groups) and kept."""
     if not dist.is_available() or not dist.is_initialized():
         raise C.UsageError(C.INVALID_USAGE, "ringattn.flash_attn: group= needs "
                            "torch.distributed.init_process_group first")
-    if dist.get_world_size(group) == 1:
+    group = _groups(group)
+    pair = isinstance(group, tuple)
+    if pair and dist.get_world_size(group[0]) == 1:  # groups of one rank: a flat ring
+        group, pair = group[1], False
+    if not pair and dist.get_world_size(group) == 1:
         return None
     device = torch.device(device)
-    key = (id(group), device.type, device.index)
+    held = group if pair else (group,)
+    key = tuple(id(g) for g in held) + (device.type, device.index)
     with _comm_lock:
         entry = _group_comms.get(key)
-    if entry is not None and entry[0] is group and entry[1]._handle:
+    if (entry is not None and all(a is b for a, b in zip(entry[0], held)) and
+            entry[1]._handle):
         return entry[1]
     # the tensors' device picks the transport: NCCL for CUDA, torch.distributed's p2p for CPU
-    comm = Comm.from_torch(group, device)
+    if pair:
+        comm = Grid(Comm.from_torch(group[0], device), Comm.from_torch(group[1], device),
+                    owned=True)
+    else:
+        comm = Comm.from_torch(group, device)
     with _comm_lock:
-        _group_comms[key] = (group, comm)
+        _group_comms[key] = (held, comm)
     return comm
+
+
+def shard_plan(cu_seqlens, *, group, layout="contiguous", device="cpu"):
+    """Which rows of the global packed batch (cu_seqlens) this rank holds on `group` under
+    `layout`: a ringattn.torch.ShardPlan (.index, .positions; ringattn.torch.shard / unshard).
+    Collective over the group, as the attention calls are."""
+    if layout not in LAYOUTS:
+        raise _bad("layout must be one of %s, got %r" % (LAYOUTS, layout))
+    comm = None if group is None else group_comm(group, device)
+    return rt.plan(cu_seqlens, layout=layout if comm is not None else "contiguous", comm=comm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +282,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     return_attn_probs=False, *, group=None, layout="contiguous"):
     """q [B, S_q, H, D], k/v [B, S_k, H_kv, D(_v)] -> out [B, S_q, H, D_v], or with
     return_attn_probs (out, softmax_lse [B, H, S_q] float32, None). group: a ring over the
-    group's ranks, each passing its shard of every sequence under `layout` (module docstring)."""
+    group's ranks, each passing its shard of every sequence under `layout`, or a 2D grid (a
+    pair of groups, a DeviceMesh), each rank its plan's rows (module docstring)."""
     comm = _comm(group, q.device)
     opts = options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    q.shape[-2], layout, comm)

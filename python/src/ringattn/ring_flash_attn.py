@@ -53,6 +53,12 @@ __all__ = []  # filled below with every ring-flash-attn name
 
 def _ring_comm(group, device):
     # ring-flash-attn's group None is the default group (its RingComm calls dist.get_rank(None))
+    if isinstance(group, (tuple, list)) or getattr(group, "ndim", 1) != 1:
+        # its local shards are the flat ring's: a 2D grid holds other rows (ringattn.flash_attn)
+        raise NotImplementedError("ringattn.ring_flash_attn: group must be one process group "
+                                  "(a flat ring); for 2D context parallelism use "
+                                  "ringattn.flash_attn's functions with group=(ulysses_group, "
+                                  "ring_group) or a DeviceMesh")
     return group_comm(dist.group.WORLD if group is None else group, device)
 
 

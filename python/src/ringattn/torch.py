@@ -5,8 +5,10 @@
 q [T_local, H, D], k and v [T_local_k, H_kv, D or D_v]: packed variable-length sequences with
 no batch dimension (the layout of FlashAttention's varlen functions), each with a contiguous
 last dim. cu_seqlens are the GLOBAL packed batch's boundaries, the same on every rank; with a
-comm every rank passes its own rows under `layout` (shard() gives them, positions() their
-positions for RoPE). Returns out [T_local, H, D_v] and lse [H, T_local] float32 (SPEC 4).
+comm (a ringattn.Comm: a ring; a ringattn.Grid: 2D context parallelism, Ulysses inside groups
+and the ring across them) every rank passes its own rows under `layout` (plan() and shard()
+give them, positions() their positions for RoPE). Returns out [T_local, H, D_v] and lse
+[H, T_local] float32 (SPEC 4).
 
 The ops "ringattn::forward" and "ringattn::backward" have fake kernels (torch.compile traces
 them without graph breaks) and autograd (the backward is the library's deterministic SPEC 7
@@ -25,7 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import _capi as C
-from .core import Comm, Plan
+from .core import Comm, Grid, Plan, _grid_of
 
 __all__ = ["attention", "plan", "shard", "unshard", "positions", "ShardPlan", "clear_cache"]
 
@@ -37,14 +39,14 @@ _plans = collections.OrderedDict()
 _PLAN_CACHE_SIZE = 64
 
 
-def _comm_id(comm):
+def _comm_id(comm, ulysses_size=0, ulysses_strided=False):
     """Ops take a comm as an int (their schema has no room for objects): the id it was
-    registered under when made (Comm.id), which a torch.compile trace reads as a constant."""
-    if comm is None:
-        return 0
-    if not isinstance(comm, Comm):
-        raise _bad("comm must be a ringattn.Comm, got %r" % (comm,))
-    return comm.id
+    registered under when made (Comm.id, Grid.id), which a torch.compile trace reads as a
+    constant. ulysses_size > 1 with a Comm: its grid (Comm.grid), the library splitting it."""
+    if comm is not None and not isinstance(comm, (Comm, Grid)):
+        raise _bad("comm must be a ringattn.Comm or Grid, got %r" % (comm,))
+    comm = _grid_of(comm, ulysses_size, ulysses_strided)
+    return 0 if comm is None else comm.id
 
 
 def _comm(cid):
@@ -302,9 +304,13 @@ torch.library.register_autograd("ringattn::forward", _autograd_backward,
 
 def attention(q, k, v, cu_seqlens, *, cu_seqlens_k=None, causal=False, window=(-1, -1),
               softcap=0.0, alibi_slopes=None, scale=None, key_bias=None, keep_k=0,
-              layout="contiguous", comm=None, sinks=None):
+              layout="contiguous", comm=None, sinks=None, ulysses_size=0, ulysses_strided=False):
     """Attention of this rank's queries over every key of their sequences (module docstring).
 
+    comm: None (one rank), a ringattn.Comm (a ring) or a ringattn.Grid (2D context parallelism:
+    Ulysses all-to-all inside groups, the ring across them); ulysses_size=P_u with a Comm that
+    the library can split (threads, MPI) is its Grid (comm.grid(P_u, ulysses_strided)). Each
+    rank's rows are then the 2D plan's (plan(cu_seqlens, layout=..., comm=...) gives them).
     window = (left, right) keys before and after each query's position, -1 unbounded (causal
     sets right = 0); softcap 0 is off; scale None is 1/sqrt(D); key_bias [heads, T_local_k]
     float32 (SPEC 6's dynamic mask bias, differentiable) with keep_k its top-k selection;
@@ -326,15 +332,20 @@ def attention(q, k, v, cu_seqlens, *, cu_seqlens_k=None, causal=False, window=(-
         sinks = sinks.to(torch.float32)  # differentiable: the gradient comes back in its dtype
     return _forward(q, k, v, cu_seqlens, cu_seqlens_k, alibi_slopes, key_bias, bool(causal),
                     left, right, float(softcap), 0.0 if scale is None else float(scale),
-                    int(keep_k), _LAYOUTS.index(layout), _comm_id(comm), sinks)
+                    int(keep_k), _LAYOUTS.index(layout),
+                    _comm_id(comm, ulysses_size, ulysses_strided), sinks)
 
 
 class ShardPlan:
-    """Which rows of a global packed batch this rank holds under a layout (SPEC 8)."""
+    """Which rows of a global packed batch this rank holds under a layout (SPEC 8), or on a 2D
+    grid (ringattn.Grid): the plan's own local tokens (ringattn_plan_local_tokens)."""
 
-    def __init__(self, cu_seqlens, layout, comm):
+    def __init__(self, cu_seqlens, layout, comm, ulysses_size=0, ulysses_strided=False):
         cu = host_ints(cu_seqlens, "cu_seqlens")
-        p = Plan(cu, 1, 1, layout=layout, comm=comm)  # collective; the token map is all we keep
+        comm = _grid_of(comm, ulysses_size, ulysses_strided)
+        # collective; the token map is all we keep (a grid's plan needs H % P_u == 0)
+        heads = comm.ulysses_size if isinstance(comm, Grid) else 1
+        p = Plan(cu, heads, 1, num_kv_heads=1, layout=layout, comm=comm)
         self.cu_seqlens, self.layout, self.comm = cu, layout, comm
         self.num_tokens = p.num_tokens
         self.index = torch.from_numpy(p.local_tokens().astype("int64"))
@@ -346,9 +357,10 @@ class ShardPlan:
                                                            self.layout)
 
 
-def plan(cu_seqlens, *, layout="contiguous", comm=None):
-    """This rank's token layout for a global batch (collective over comm)."""
-    return ShardPlan(cu_seqlens, layout, comm)
+def plan(cu_seqlens, *, layout="contiguous", comm=None, ulysses_size=0, ulysses_strided=False):
+    """This rank's token layout for a global batch (collective over comm; comm, ulysses_size
+    as attention's)."""
+    return ShardPlan(cu_seqlens, layout, comm, ulysses_size, ulysses_strided)
 
 
 def shard(x, plan, dim=0):
