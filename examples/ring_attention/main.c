@@ -54,6 +54,7 @@ typedef struct {
     int backward;
     int digest;      /* print hashes of every rank's outputs */
     int cuda;        /* --backend cuda: one GPU per rank, NCCL */
+    int ulysses;     /* --ulysses P_u: a 2D plan, groups of P_u consecutive ranks (0: a ring) */
 } options_t;
 
 static int rank_, ranks_; /* this process's place in MPI_COMM_WORLD */
@@ -253,6 +254,7 @@ static void usage(const char *argv0) {
     printf("usage: mpirun -n P %s [--backend cpu|cuda] [--seq T] [--seqs N] [--heads H]\n"
            "          [--kv-heads HKV] [--dim D] [--window W] [--layout contiguous|zigzag|striped]\n"
            "          [--dtype f32|f16|bf16] [--threads N] [--sample ROWS] [--seed S]\n"
+           "          [--ulysses P_u] (2D: all-to-all inside groups of P_u ranks, ring across)\n"
            "          [--no-backward] [--digest]\n"
            "--backend cuda: one GPU per rank (its rank within the node), K/V over NCCL\n"
            "defaults: --seq 32768 --seqs 1 --heads 8 --kv-heads 2 --dim 128 --window 4096\n"
@@ -266,7 +268,7 @@ static void usage(const char *argv0) {
 /* 1 = run, 0 = bad flags, -1 = --help; messages on rank 0 only (every rank parses the same) */
 static int parse(int argc, char **argv, options_t *o) {
     *o = (options_t){32768, 1, 8, 2, 128, 4096, RINGATTN_LAYOUT_ZIGZAG, RINGATTN_FLOAT32,
-                     0, 16, 1234, 1, 0, 0};
+                     0, 16, 1234, 1, 0, 0, 0};
     const int say = rank_ == 0;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -278,6 +280,7 @@ static int parse(int argc, char **argv, options_t *o) {
         if (!strcmp(a, "--seq")) o->seq = atoll(v);
         else if (!strcmp(a, "--seqs")) o->num_seqs = atoi(v);
         else if (!strcmp(a, "--heads")) o->heads = atoi(v);
+        else if (!strcmp(a, "--ulysses")) o->ulysses = atoi(v);
         else if (!strcmp(a, "--kv-heads")) o->kv_heads = atoi(v);
         else if (!strcmp(a, "--dim")) o->dim = atoi(v);
         else if (!strcmp(a, "--window")) o->window = atoi(v);
@@ -425,6 +428,7 @@ static int run(const options_t *opt, int threads) {
     desc.head_dim = D;
     desc.dtype = dt;
     desc.layout = opt->layout;
+    desc.ulysses_size = opt->ulysses; /* 0: the flat ring */
     desc.num_seqs = opt->num_seqs;
     desc.cu_seqlens = cu; /* GLOBAL boundaries: the same on every rank */
     desc.causal = wr == 0;
