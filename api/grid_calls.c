@@ -230,7 +230,9 @@ ringattn_status_t ra__grid_call(const char *fn, ringattn_plan_t p, const ringatt
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));
     const ringattn_tensors_t inner = inner_tensors(g, &a, backward);
     const ra_call_opts o = {st, ra__grid_replicated(g, RA_HEADS_KV), g->dq_f32, g->group};
+    g->ring->companion = g->group; /* its waits tell the group this rank is alive */
     st = fail_all(g, ra__call_plan(fn, g->inner, &inner, stream, backward, &o));
+    g->ring->companion = NULL;
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));
     if (st == RINGATTN_SUCCESS) st = moves_out(&m, &a, backward);
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));

@@ -59,6 +59,11 @@ static void beacon(void *ctx)
     c->ops->beat(c);
 }
 
+void ra__comm_beat_companion(ringattn_comm_t c)
+{
+    if (c->companion) beacon(c->companion);
+}
+
 void ra__comm_beacon_attach(ringattn_comm_t c, void *stream)
 {
     if (stream) (void)ra__call_stream_attach(stream, beacon, c); /* full: no beacon, no harm */

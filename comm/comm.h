@@ -120,6 +120,11 @@ struct ringattn_comm {
     int refusals_elsewhere; /* split off another comm by the library (plan/grid.c): this
                                process's refused calls are carried by that comm's agreements,
                                never by this one's (ra__comm_agree) */
+    /* During a 2D plan's call (api/grid_calls.c), on its ring comm: the group comm, whose
+       peers wait in an agreement while this rank's ring runs. This comm's waits that still
+       progress send heartbeats on it too (ra__comm_beat_companion), so that a slow but live
+       ring elsewhere is not taken for a stall by the group. */
+    ringattn_comm_t companion;
     int simulated;      /* a simulated world (comm/simulated.c): nothing moves, so plans of any
                            backend are made on it (to be sized), and their calls are refused */
     char reason[RA_COMM_REASON_BYTES]; /* why it failed */
@@ -196,6 +201,9 @@ ringattn_status_t ra__comm_alltoall(ringattn_comm_t c, const ra_msg *send, const
    transport when it has none; a failed comm fails at once. */
 ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int group,
                                       ringattn_comm_t out[2]);
+/* c's companion (if any) gets a heartbeat, at most every quarter deadline (a transport's wait
+   that still progresses calls it). */
+void ra__comm_beat_companion(ringattn_comm_t c);
 /* Called with the failure's message recorded (ra__last_error): the comm is failed. */
 ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st);
 

@@ -209,6 +209,7 @@ ringattn_status_t ra__mpi_exchange_wait(ringattn_comm_t c, ra_exchange *x)
         if (now - beat > limit / 4 && now - last < limit) {
             for (int i = 0; i < RA_EXCHANGE_SLOTS; ++i)
                 if (x->send[i].bytes) ra__mpi_send_beat(c, x->send[i].peer, now - last);
+            ra__comm_beat_companion(c); /* a 2D plan's group waits on this ring too */
             beat = now;
         }
         if (st == RINGATTN_SUCCESS && now - last <= limit) continue;
