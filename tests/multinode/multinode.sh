@@ -204,6 +204,10 @@ phase ring_one_host 0 env RATEST_DIGEST="$work/ring1" \
 phase ring_two_hosts 10000 \
     "${two_hosts[@]}" -x RATEST_DIGEST="$work/ring2" "$ring_exe" "${ring_filter[@]}"
 for r in 0 1 2 3; do same "test_ring_mpi rank $r" "$work/ring1.$r" "$work/ring2.$r"; done
+# its 2D plans (2 x 2, groups of consecutive ranks: the all-to-all inside each host, the ring
+# between them) are among those lines
+grep -q '^2D plans over MPI' "$work/ring1.0" || fail "test_ring_mpi ran no 2D plan"
+echo "multinode: $(grep -c '^2D plans over MPI' "$work/ring1.0") of them 2D plans (all-to-all inside each host)"
 
 if [[ $demo_exe == none ]]; then
     echo "multinode: $mode: passed (no demo: examples not built)"
@@ -219,6 +223,14 @@ for w in one_host two_hosts; do
     grep -E '^(forward|backward):' "$work/demo_$w.out" | sed "s/^/  demo, ${w/_/ }: /"
 done
 same "ring_attention demo" "$work/demo_one_host.digest" "$work/demo_two_hosts.digest"
+# the demo's 2D plan (--ulysses 2): the same bits on one host and two, and the bytes on the link
+phase demo2d_one_host 0 "${one_host[@]}" "$demo_exe" "${demo_args[@]}" --ulysses 2
+phase demo2d_two_hosts 1000000 "${two_hosts[@]}" "$demo_exe" "${demo_args[@]}" --ulysses 2
+for w in one_host two_hosts; do
+    grep '^digest' "$work/demo2d_$w.out" >"$work/demo2d_$w.digest"
+    [[ $(wc -l <"$work/demo2d_$w.digest") -eq 4 ]] || fail "2D demo ($w) printed no digest of 4 ranks"
+done
+same "ring_attention demo, 2 x 2" "$work/demo2d_one_host.digest" "$work/demo2d_two_hosts.digest"
 if [[ $mode == impaired ]]; then # the wire dropped frames both ways (its counts, at its exit)
     kill "$impair_pid" && wait "$impair_pid"
     impair_pid=
