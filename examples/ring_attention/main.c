@@ -154,13 +154,31 @@ static void print_schedule(const ring_map_t *m, ringattn_plan_t plan) {
     const int P = m->P, N = m->num_steps;
     ringattn_plan_info_t mine = RINGATTN_PLAN_INFO_INIT;
     ringattn_plan_get_info(plan, &mine);
-    const double vals[7] = {(double)mine.num_steps, (double)mine.compute_steps,
+    enum { V = 10 };
+    const double vals[V] = {(double)mine.num_steps, (double)mine.compute_steps,
                             (double)mine.forward_bytes_sent, (double)mine.forward_bytes_received,
                             (double)mine.backward_bytes_sent, (double)mine.backward_bytes_received,
-                            (double)mine.local_tokens};
-    double *all = xmalloc(sizeof(double) * 7 * (size_t)P);
-    MPI_Gather(vals, 7, MPI_DOUBLE, all, 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+                            (double)mine.local_tokens, (double)mine.ulysses_size,
+                            (double)mine.alltoall_forward_bytes_sent,
+                            (double)mine.alltoall_backward_bytes_sent};
+    double *all = xmalloc(sizeof(double) * V * (size_t)P);
+    MPI_Gather(vals, V, MPI_DOUBLE, all, V, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank_ != 0) {
+        free(all);
+        return;
+    }
+    if (mine.ulysses_size > 1) { /* a 2D plan: the token map above is a flat ring's; the plan's
+                                    info says it all */
+        printf("schedule of the 2D plan (ringattn_plan_get_info): %d x %d (all-to-all inside "
+               "groups of %d consecutive ranks, a ring of %d across them), %d ring steps\n",
+               mine.ulysses_size, mine.ring_size, mine.ulysses_size, mine.ring_size,
+               mine.num_steps);
+        for (int r = 0; r < P; ++r) {
+            const double *v = all + V * r;
+            printf("  rank %d (group %d): %lld tokens; ring sends %.1f MB forward, %.1f MB "
+                   "backward; all-to-all sends %.1f / %.1f MB\n", r, r / mine.ulysses_size,
+                   (long long)v[6], v[2] * 1e-6, v[4] * 1e-6, v[8] * 1e-6, v[9] * 1e-6);
+        }
         free(all);
         return;
     }
@@ -169,7 +187,7 @@ static void print_schedule(const ring_map_t *m, ringattn_plan_t plan) {
     printf("  %d of %d ring steps%s\n", N, P,
            N < P ? " (the ring is cut: no rank needs a farther shard)" : "");
     for (int r = 0; r < P; ++r) {
-        const double *v = all + 7 * r;
+        const double *v = all + V * r;
         char steps[256] = "";
         int kept = 0;
         for (int t = 0; t < N; ++t)
