@@ -13,7 +13,11 @@
  *   library keeps every tag + index within 0 .. 32767 (the least tag bound MPI allows). Today it
  *   posts one send and one receive at most per batch, every message at index 0 (an exchange's
  *   slot i is a batch of its own on the exchange's tag + i, so that sender and receiver name
- *   the same tag whichever slots are empty), but a transport must honour the index.
+ *   the same tag whichever slots are empty), but a transport must honour the index. A 2D
+   plan's all-to-all (ringattn_plan_create_2d over two comms of this transport: it cannot be
+   split by the library) is P - 1 rounds of such batches, in round k a send to rank + k and a
+   receive from rank - k, so a transport needs no entry of its own for it; a later release may
+   add an optional batched one, by the struct_size policy.
  * - allreduce: the agreements that open and close every collective call (a few int64 values).
  *   It is the only callback without a time limit from the library (the call blocks): bound it
  *   yourself, returning nonzero after about RINGATTN_COMM_TIMEOUT seconds, or a failure on one

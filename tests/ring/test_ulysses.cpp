@@ -10,10 +10,12 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ring/mailbox_transport.hpp"
 #include "ring/ring_check.hpp"
 #include "support/cases.hpp"
 
@@ -60,10 +62,28 @@ struct GridComms {
     std::vector<ringattn_comm_t> group, ring;
     ringtest::NcclEntry nccl{nullptr, nullptr};
     std::vector<std::vector<unsigned char>> group_ids, ring_ids;
+    std::vector<std::unique_ptr<mailbox::Network>> nets; // custom: a network per comm
     int pu, pr;
-    GridComms(int pu_, int pr_, bool use_nccl = false)
+    enum Kind { Threads, Nccl, Custom };
+    GridComms(int pu_, int pr_, Kind kind = Threads)
         : group((size_t)(pu_ * pr_)), ring((size_t)(pu_ * pr_)), pu(pu_), pr(pr_)
     {
+        const bool use_nccl = kind == Nccl;
+        if (kind == Custom) { // the caller's transport (ringattn_transport.h): a mailbox each
+            for (int g = 0; g < pr; ++g) {
+                nets.emplace_back(new mailbox::Network);
+                nets.back()->any_thread = true; // made here, called on the ranks' threads
+                for (int m = 0; m < pu; ++m)
+                    REQUIRE(nets.back()->make(m, pu, &group[(size_t)(g * pu + m)]) == 0);
+            }
+            for (int m = 0; m < pu; ++m) {
+                nets.emplace_back(new mailbox::Network);
+                nets.back()->any_thread = true;
+                for (int g = 0; g < pr; ++g)
+                    REQUIRE(nets.back()->make(g, pr, &ring[(size_t)(g * pu + m)]) == 0);
+            }
+            return;
+        }
         if (use_nccl) {
             nccl = ringtest::nccl_entry();
             REQUIRE(nccl);
@@ -223,6 +243,22 @@ TEST_CASE("2D plans in bfloat16, with dynamic masks, softcap, ALiBi, sinks and d
         }
 }
 
+TEST_CASE("2D plans over two comms of a custom transport (the caller's callbacks)", "[ulysses]")
+{
+    if (!ratest::device_memory().is_host()) return; // the custom transport moves host memory
+    uint64_t seed = 700;
+    for (const Grid &g : {Grid{2, 2}, Grid{3, 2}})
+        for (bool replicated : {false, true}) {
+            const Problem pb = ratest::packed_problem(
+                grid_batch(ratest::ring_masks[3], RINGATTN_FLOAT32, g, replicated), seed++);
+            GridComms comms(g.pu, g.pr, GridComms::Custom);
+            ringtest::check_result(ringtest::run(pb, g.pu * g.pr, RINGATTN_LAYOUT_ZIGZAG,
+                                                 comms.options()),
+                                   ringtest::judge_of(pb), pb,
+                                   label(g, RINGATTN_LAYOUT_ZIGZAG, "custom"));
+        }
+}
+
 TEST_CASE("2D plans over NCCL communicators of the caller's (the fake NCCL)", "[ulysses]")
 {
     if (!ratest::emulated()) return; // a GPU's NCCL: tests/mpi's NCCL job
@@ -231,7 +267,7 @@ TEST_CASE("2D plans over NCCL communicators of the caller's (the fake NCCL)", "[
         const Grid g{2, 2};
         const Problem pb = ratest::packed_problem(
             grid_batch(ratest::ring_masks[3], RINGATTN_BFLOAT16, g, replicated), seed++);
-        GridComms comms(g.pu, g.pr, true);
+        GridComms comms(g.pu, g.pr, GridComms::Nccl);
         ringtest::check_result(ringtest::run(pb, g.pu * g.pr, RINGATTN_LAYOUT_ZIGZAG,
                                              comms.options()),
                                ringtest::judge_of(pb), pb,
