@@ -8,7 +8,7 @@
 
 static char text[256];
 
-/* "backends: cpu[, cuda]; transports: threads, custom[, threads_device][, mpi][, nccl]" */
+/* "backends: cpu[, cuda]; transports: threads, custom[, threads_device][, mpi][, nccl], simulated" */
 static void compose(void)
 {
     size_t at = 0;

@@ -64,7 +64,7 @@ RINGATTN_API const char *ringattn_version_string(void);
    BLAS's own). */
 RINGATTN_API const char *ringattn_cpu_kernels(void);
 /* What this build has, in words: "backends: cpu[, cuda]; transports: threads, custom[,
-   threads_device][, mpi][, nccl]" (ringattn-info prints it). */
+   threads_device][, mpi][, nccl], simulated" (ringattn-info prints it). */
 RINGATTN_API const char *ringattn_build_info(void);
 
 /*

@@ -76,8 +76,8 @@ static void *grid_alloc(const struct ra_backend *be, ra_grid *g, size_t bytes,
 
 /*
  * The inner plan's tensors over the group's tokens, and the all-to-all's staging: a send and a
- * receive slot per member, and an accumulator, each of the largest piece's rows at the widest
- * row of any tensor in float32 (plan/grid.h).
+ * receive slot per member, and an accumulator where replicated heads are summed, each of the
+ * largest piece's rows at the widest row a staged tensor has (plan/grid.h).
  */
 static ringattn_status_t grid_buffers(const struct ra_backend *be, ra_grid *g,
                                       const ringattn_plan_desc_t *d)
@@ -105,12 +105,17 @@ static ringattn_status_t grid_buffers(const struct ra_backend *be, ra_grid *g,
         g->dq_f32 = grid_alloc(be, g, N * hq * D * f, &st);
     int64_t piece = 0;
     for (int m = 0; m < g->pu; ++m) piece = ra__grid_rows(g, m) > piece ? ra__grid_rows(g, m) : piece;
-    size_t widest = hb;
-    const size_t widths[] = {hq * D, hq * Dv, hk * D, hk * Dv, hq};
+    /* the widest row any staged tensor has, in its own type (float32: LSE, the key bias and
+       the replicated kv heads' sums) */
+    const size_t DD = D > Dv ? D : Dv;
+    const size_t widths[] = {hq * DD * es, hk * DD * gk, hq * f, hb * f};
+    size_t widest = 0;
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; ++i)
         widest = widths[i] > widest ? widths[i] : widest;
-    g->stage_bytes = (size_t)piece * widest * f;
-    g->stage = grid_alloc(be, g, g->stage_bytes * (2 * (size_t)g->pu + 1), &st);
+    const int sums = ra__grid_replicated(g, RA_HEADS_KV) ||
+                     (hb && ra__grid_replicated(g, RA_HEADS_BIAS)); /* the accumulator slot */
+    g->stage_bytes = (size_t)piece * widest;
+    g->stage = grid_alloc(be, g, g->stage_bytes * (2 * (size_t)g->pu + (size_t)sums), &st);
     return st;
 }
 
