@@ -60,6 +60,7 @@ int sendrecv_start(void *user, const ringattn_transport_msg_t *sends, int num_se
         ++ep.bad_message;
         return 90;
     }
+    for (int i = 0; i < num_sends; ++i) ep.bytes_sent += sends[i].bytes;
     auto *r = new Request;
     for (int j = 0; j < num_recvs; ++j) r->recvs.push_back({recvs[j], tag + j, false});
     {

@@ -51,6 +51,7 @@ struct Endpoint {
     std::atomic<int> inside{0}, wrong_thread{0}, overlapped{0}, stale{0}, bad_message{0};
     std::set<Request *> live;
     int releases = 0, live_at_release = 0, late_writes = 0;
+    std::atomic<size_t> bytes_sent{0}; // every message's bytes this rank posted to send
     std::string error_after_calls; // ringattn_last_error() after the rank's calls
     // Fault: the fail_at-th call (from 0) of callback `fail` (or of test and wait together:
     // "test|wait") returns FAULT.

@@ -252,10 +252,35 @@ TEST_CASE("2D plans over two comms of a custom transport (the caller's callbacks
             const Problem pb = ratest::packed_problem(
                 grid_batch(ratest::ring_masks[3], RINGATTN_FLOAT32, g, replicated), seed++);
             GridComms comms(g.pu, g.pr, GridComms::Custom);
-            ringtest::check_result(ringtest::run(pb, g.pu * g.pr, RINGATTN_LAYOUT_ZIGZAG,
-                                                 comms.options()),
+            RunOptions o = comms.options();
+            // what each rank's plan says it sends per forward and backward, on both comms
+            std::vector<ringattn_plan_info_t> info((size_t)(g.pu * g.pr));
+            const auto make = o.make_plan;
+            o.make_plan = [&, make](int r, ringattn_comm_t c, const ringattn_plan_desc_t &d,
+                                    ringattn_plan_t *plan) {
+                const ringattn_status_t st = make(r, c, d, plan);
+                if (st == RINGATTN_SUCCESS) {
+                    info[(size_t)r] = RINGATTN_PLAN_INFO_INIT;
+                    ringattn_plan_get_info(*plan, &info[(size_t)r]);
+                }
+                return st;
+            };
+            ringtest::check_result(ringtest::run(pb, g.pu * g.pr, RINGATTN_LAYOUT_ZIGZAG, o),
                                    ringtest::judge_of(pb), pb,
                                    label(g, RINGATTN_LAYOUT_ZIGZAG, "custom"));
+            // the bytes that moved are the plan info's: a forward and a backward per rank,
+            // the all-to-all on the group's mailbox, the ring on the ring's
+            for (int r = 0; r < g.pu * g.pr; ++r) {
+                const ringattn_plan_info_t &i = info[(size_t)r];
+                INFO("rank " << r);
+                CHECK(i.ulysses_size == g.pu);
+                CHECK(i.ring_size == g.pr);
+                const size_t a2a = comms.nets[(size_t)(r / g.pu)]->of(r % g.pu).bytes_sent;
+                const size_t ring = comms.nets[(size_t)(g.pr + r % g.pu)]->of(r / g.pu).bytes_sent;
+                CHECK(a2a == i.alltoall_forward_bytes_sent + i.alltoall_backward_bytes_sent);
+                CHECK(ring == i.forward_bytes_sent + i.backward_bytes_sent);
+                CHECK(a2a > 0);
+            }
         }
 }
 
