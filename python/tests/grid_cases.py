@@ -11,6 +11,7 @@ the library), and judges the whole result against float64 and against the flat 4
 import torch
 
 import ringattn.torch as rt
+import flash_attn_cases
 from cases import make_inputs
 
 PU, PR = 2, 2
@@ -96,10 +97,4 @@ def combine(parts, name):
     cu, q, k, v, _ = inputs(name)
     rows = torch.cat([p["rows"] for p in parts])
     assert torch.equal(rows.sort().values, torch.arange(cu[-1])), "rows not a partition"
-    whole = {"out": torch.zeros(q.shape[0], H, D), "lse": torch.zeros(H, q.shape[0]),
-             "dq": torch.zeros_like(q), "dk": torch.zeros_like(k), "dv": torch.zeros_like(v)}
-    for p in parts:
-        for n in ("out", "dq", "dk", "dv"):
-            whole[n][p["rows"]] = p[n]
-        whole["lse"][:, p["rows"]] = p["lse"]
-    return whole
+    return flash_attn_cases.combine(parts, cu, q, k, v)
