@@ -199,9 +199,10 @@ static ringattn_tensors_t inner_tensors(const ra_grid *g, const grid_args *a, in
 
 /* A transport failure of one comm fails the other too, and the comm they were split from:
    every later call on any of them fails at once, on every rank (their peers are told). */
-static ringattn_status_t fail_all(const ra_grid *g, ringattn_status_t st)
+static ringattn_status_t fail_all(ra_grid *g, ringattn_status_t st)
 {
     if (st != RINGATTN_ERR_COMM) return st;
+    if (g->group->ops->still_active(g->group)) g->pinned = 1; /* plan/grid.c: buffers_free_to_go */
     ringattn_comm_t all[3] = {g->group, g->ring, g->parent};
     for (int i = 0; i < 3; ++i)
         if (all[i] && !all[i]->failed) (void)ra__comm_fail(all[i], st);

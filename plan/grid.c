@@ -140,13 +140,27 @@ static ringattn_status_t grid_tokens(ra_grid *g)
     return RINGATTN_SUCCESS;
 }
 
+/* Can the all-to-all's buffers go? Not while the group's transport may still run over them
+   after a failure (an MPI send cannot be cancelled): then they stay allocated, logged (as a
+   flat plan's ring buffers: plan/plan.c). */
+static int buffers_free_to_go(const ra_grid *g)
+{
+    if (!g->pinned || (ra__registry_contains(g->group) && g->group->ops->still_active(g->group) == 0))
+        return 1;
+    ra__log(RA_LOG_WARN, RA_SUB_COMM, g->group->rank, g->group->size,
+            "ringattn_plan_destroy: the transport may still use a 2D plan's buffers after a "
+            "failure; %zu bytes stay allocated", g->bytes);
+    return 0;
+}
+
 static void grid_free(ra_grid *g, const struct ra_backend *be)
 {
     if (!g) return;
     void *mem[] = {g->q, g->k, g->v, g->o, g->dout, g->dq, g->dk, g->dv, g->lse,
                    g->dlse, g->bias, g->dbias, g->dq_f32, g->stage};
     const int previous = g->inner ? ra__device_enter(g->inner) : -1;
-    for (size_t i = 0; be && i < sizeof mem / sizeof mem[0]; ++i)
+    const int free_them = be && buffers_free_to_go(g);
+    for (size_t i = 0; free_them && i < sizeof mem / sizeof mem[0]; ++i)
         if (mem[i]) be->memory->free(mem[i]);
     if (g->inner) ra__device_leave(g->inner, previous);
     if (g->inner) ra__plan_destroy(g->inner);

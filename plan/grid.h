@@ -47,6 +47,7 @@ typedef struct ra_grid {
     float *lse, *dlse, *bias, *dbias, *dq_f32;
     void *stage;
     size_t stage_bytes, bytes, host_bytes;
+    int pinned; /* a call failed with the group's transport maybe still over these buffers */
 } ra_grid;
 
 /* The first head of kind `kind` held by member m (its each[kind] heads follow). */
