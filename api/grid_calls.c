@@ -97,6 +97,49 @@ static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
     return RINGATTN_SUCCESS;
 }
 
+/*
+ * A KV cache plan's call (plan/grid.h): every query's Q of every head, O and LSE, and this
+ * rank's share of the cache for its kv heads (k, v, k_new, v_new and the key bias: the inner
+ * plan's own tensors). The inner plan gets this rank's heads of Q, O, LSE and the sinks as
+ * views into the caller's.
+ */
+static ringattn_status_t cache_args(const char *fn, struct ringattn_plan *p,
+                                    const ringattn_tensors_t *caller, void *stream,
+                                    grid_args *a, ringattn_tensors_t *inner)
+{
+    const ra_grid *g = p->grid;
+    const struct ringattn_plan *in = g->inner;
+    const int H = g->heads[RA_HEADS_Q], D = in->kp.head_dim, Dv = in->kp.head_dim_v;
+    const int64_t n = g->rows;
+    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
+    ringattn_tensors_t t;
+    RA_TRY(ra__tensors_in(fn, caller, &t));
+    RA_CHECK(stream == NULL || in->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
+    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
+    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
+    RA_CHECK(t.lse != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_TRY(ra__view_make(fn, "q", t.q, in->kp.dtype, n, H, D, 0, &a->q));
+    RA_TRY(ra__view_make(fn, "o", t.o, in->kp.dtype, n, H, Dv, 1, &a->o));
+    a->lse = by_heads(t.lse, n);
+    a->sinks = t.sinks;
+    RA_TRY(check_memory(fn, in, "q", a->q.data, &a->q));
+    RA_TRY(check_memory(fn, in, "o", a->o.data, NULL));
+    RA_TRY(check_memory(fn, in, "lse", t.lse, NULL));
+    RA_TRY(check_memory(fn, in, "sinks", t.sinks, NULL));
+    const int first = ra__grid_first_head(g, RA_HEADS_Q, g->member);
+    *inner = t;
+    inner->q = (ringattn_tensor_t){a->q.data + (size_t)first * a->q.head * a->q.elem, a->q.row,
+                                   a->q.head};
+    inner->o = (ringattn_tensor_t){a->o.data + (size_t)first * a->o.head * a->o.elem, a->o.row,
+                                   a->o.head};
+    inner->lse = t.lse ? t.lse + (size_t)first * (size_t)n : NULL;
+    inner->sinks = t.sinks ? t.sinks + first : NULL;
+    return RINGATTN_SUCCESS;
+}
+
 /* The inner plan's packed [group rows, heads, dim] tensor of this rank's heads. */
 static ra_view group_view(const ra_grid *g, void *data, int kind, int dim, size_t elem)
 {
@@ -147,6 +190,16 @@ static ringattn_status_t moves_in(const mover *m, const grid_args *a, int backwa
     RA_TRY(to_heads(m, &a->dout, g->dout, RA_HEADS_Q, Dv, m->dt));
     RA_TRY(to_heads(m, &a->lse, g->lse, RA_HEADS_Q, 1, f32));
     return to_heads(m, &a->dlse, g->dlse, RA_HEADS_Q, 1, f32);
+}
+
+/* A KV cache plan: every head's O and LSE from the member that computed it. */
+static ringattn_status_t gather_heads(const mover *m, const grid_args *a)
+{
+    const int Dv = m->g->inner->kp.head_dim_v;
+    const ra_ulysses_move o = {&a->o, NULL, m->dt, m->dt, RA_HEADS_Q, Dv};
+    RA_TRY(ra__ulysses_gather_heads(m->g, m->be, &o, m->stream));
+    const ra_ulysses_move lse = {&a->lse, NULL, RINGATTN_FLOAT32, RINGATTN_FLOAT32, RA_HEADS_Q, 1};
+    return ra__ulysses_gather_heads(m->g, m->be, &lse, m->stream);
 }
 
 /* dsinks: the inner plan's heads were written in place; the others are not this rank's. */
@@ -217,7 +270,9 @@ ringattn_status_t ra__grid_call(const char *fn, ringattn_plan_t p, const ringatt
     const int previous = ra__device_enter(g->inner);
     grid_args a;
     memset(&a, 0, sizeof a);
-    ringattn_status_t st = check_args(fn, p, t, stream, backward, &a);
+    ringattn_tensors_t inner = RINGATTN_TENSORS_INIT;
+    ringattn_status_t st = g->cache ? cache_args(fn, p, t, stream, &a, &inner)
+                                    : check_args(fn, p, t, stream, backward, &a);
     /* over one comm the call opens on it, as a flat ring's does: it carries the calls this
        process refused before they reached a comm (comm.h), which its split comms never do */
     if (g->parent) st = fail_all(g, ra__comm_agree(g->parent, fn, kind, g->id[2], st, NULL, 0));
@@ -227,15 +282,15 @@ ringattn_status_t ra__grid_call(const char *fn, ringattn_plan_t p, const ringatt
     st = fail_all(g, ra__comm_agree(g->ring, fn, kind, g->id[1], st, NULL, 0));
     p->stream.device = stream;
     const mover m = {g, g->inner->be, &p->stream, g->inner->kp.dtype};
-    if (st == RINGATTN_SUCCESS) st = moves_in(&m, &a, backward);
+    if (st == RINGATTN_SUCCESS && !g->cache) st = moves_in(&m, &a, backward);
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));
-    const ringattn_tensors_t inner = inner_tensors(g, &a, backward);
+    if (!g->cache) inner = inner_tensors(g, &a, backward);
     const ra_call_opts o = {st, ra__grid_replicated(g, RA_HEADS_KV), g->dq_f32, g->group};
     g->ring->companion = g->group; /* its waits tell the group this rank is alive */
     st = fail_all(g, ra__call_plan(fn, g->inner, &inner, stream, backward, &o));
     g->ring->companion = NULL;
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));
-    if (st == RINGATTN_SUCCESS) st = moves_out(&m, &a, backward);
+    if (st == RINGATTN_SUCCESS) st = g->cache ? gather_heads(&m, &a) : moves_out(&m, &a, backward);
     st = fail_all(g, ra__comm_conclude(g->group, fn, st));
     st = fail_all(g, ra__comm_conclude(g->ring, fn, st));
     ra__device_leave(g->inner, previous);

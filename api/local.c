@@ -54,6 +54,9 @@ ringattn_status_t ringattn_plan_local_keys(ringattn_plan_t plan, int64_t *count,
 {
     static const char fn[] = "ringattn_plan_local_keys";
     RA_TRY(ra__plan_check(fn, plan));
+    if (plan->grid && plan->grid->cache) /* a KV cache's slots: the inner plan's */
+        return local_rows(fn, plan->grid->inner, ra__local_keys(plan->grid->inner),
+                          plan->grid->inner->cu_cache, count, global_index);
     if (plan->grid) return grid_rows(fn, plan->grid, count, global_index);
     return local_rows(fn, plan, ra__local_keys(plan), plan->cu_cache, count, global_index);
 }

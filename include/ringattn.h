@@ -185,8 +185,12 @@ typedef struct ringattn_plan_desc {
        the P / P_u ranks at its place in every group. The layout splits the tokens among the
        groups; a group's tokens are then split among its ranks in P_u consecutive pieces
        (ringattn_plan_local_tokens). Needs P % P_u == 0, H % P_u == 0, and H_kv % P_u == 0 or
-       P_u % H_kv == 0 (then each kv head is replicated on P_u / H_kv ranks of a group). Not
-       with a KV cache (sharded_cache, cu_seqlens_new): RINGATTN_ERR_UNSUPPORTED. */
+       P_u % H_kv == 0 (then each kv head is replicated on P_u / H_kv ranks of a group). With
+       sharded_cache the cache is split among the groups (by layout, or cache_bounds of
+       num_seqs (P / P_u + 1) entries) and its heads among a group's ranks: each rank passes
+       every query's Q and gets every head's O and LSE, but passes K, V, k_new, v_new and the
+       key bias of its group's slots for only its own kv heads (key bias heads), those of
+       member m being heads m (H / P_u) h / H onwards for a tensor of h heads. */
     int ulysses_size;
     /* nonzero: the groups are strided instead, group g being ranks g, g + P / P_u, g + 2 P /
        P_u, ... (a launcher that numbers ranks node after node in round robin). */

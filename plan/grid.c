@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/abi.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -24,7 +25,15 @@ static ringattn_status_t check_grid(const char *fn, ringattn_comm_t memory_comm,
                                     const ringattn_plan_desc_t *caller, ringattn_plan_desc_t *d,
                                     const struct ra_backend **be)
 {
-    RA_TRY(ra__desc_check(memory_comm, caller, d, be));
+    if (!caller) return ra__desc_check(memory_comm, caller, d, be); /* its message */
+    ringattn_plan_desc_t in;
+    RA_TRY(ra__desc_in(fn, caller, &in));
+    /* a sharded cache's bounds are per group ([num_seqs (P_r + 1)]): the inner plan checks
+       and agrees on them over the ring comm */
+    const int32_t *bounds = in.cache_bounds;
+    in.cache_bounds = NULL;
+    RA_TRY(ra__desc_check(memory_comm, &in, d, be));
+    d->cache_bounds = bounds;
     const int H = d->num_heads, Hk = d->num_kv_heads ? d->num_kv_heads : H;
     RA_CHECK(d->ulysses_size == 0 || d->ulysses_size == 1 || d->ulysses_size == pu,
              RINGATTN_ERR_INVALID_ARGUMENT,
@@ -40,14 +49,12 @@ static ringattn_status_t check_grid(const char *fn, ringattn_comm_t memory_comm,
              "%s: num_kv_heads: got %d, expected a multiple or a divisor of ulysses_size = %d "
              "(kv heads are split across the group, or each replicated on ulysses_size / "
              "num_kv_heads ranks)", fn, Hk, pu);
-    RA_CHECK(!d->sharded_cache && !d->cu_seqlens_new, RINGATTN_ERR_UNSUPPORTED,
-             "%s: desc.ulysses_size: got %d with a KV cache (sharded_cache or cu_seqlens_new), "
-             "expected 0 or 1: KV cache plans are flat (one comm)", fn, pu);
-    RA_CHECK(!d->cu_seqlens_k || !memcmp(d->cu_seqlens_k, d->cu_seqlens,
+    RA_CHECK(d->sharded_cache || !d->cu_seqlens_k || !memcmp(d->cu_seqlens_k, d->cu_seqlens,
                                          ((size_t)d->num_seqs + 1) * sizeof(int32_t)),
              RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: cu_seqlens_k: got other boundaries than cu_seqlens, expected NULL or the same "
-             "(in a 2D plan queries and keys are the same tokens)", fn);
+             "(in a 2D training plan queries and keys are the same tokens; a KV cache needs "
+             "sharded_cache)", fn);
     return RINGATTN_SUCCESS;
 }
 
@@ -89,6 +96,11 @@ static ringattn_status_t grid_buffers(const struct ra_backend *be, ra_grid *g,
     const size_t hb = d->key_bias_heads ? (size_t)g->each[RA_HEADS_BIAS] : (size_t)0;
     const size_t gk = ra__grid_replicated(g, RA_HEADS_KV) ? f : es; /* dK, dV summed in f32 */
     ringattn_status_t st = RINGATTN_SUCCESS;
+    if (g->cache) { /* the caller's tensors are the inner plan's; O and LSE heads gathered */
+        g->stage_bytes = N * hq * (Dv * es > f ? Dv * es : f);
+        g->stage = grid_alloc(be, g, g->stage_bytes * 2 * (size_t)g->pu, &st);
+        return st;
+    }
     g->q = grid_alloc(be, g, N * hq * D * es, &st);
     g->k = grid_alloc(be, g, N * hk * D * es, &st);
     g->v = grid_alloc(be, g, N * hk * Dv * es, &st);
@@ -128,7 +140,7 @@ static ringattn_status_t grid_tokens(ra_grid *g)
     g->off = malloc(((size_t)g->pu + 1) * sizeof *g->off);
     RA_CHECK(g->off, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn_plan_create: out of memory");
     for (int m = 0; m <= g->pu; ++m) g->off[m] = (int64_t)m * g->rows / g->pu;
-    const int64_t first = g->off[g->member], n = ra__grid_rows(g, g->member);
+    const int64_t first = g->cache ? 0 : g->off[g->member], n = ra__grid_rows(g, g->member);
     g->tokens = malloc((size_t)(n ? n : 1) * sizeof *g->tokens);
     RA_CHECK(g->tokens, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn_plan_create: out of memory");
     for (int i = 0; i < q->num_segs; ++i)
@@ -196,6 +208,7 @@ static ringattn_status_t grid_fill(ra_grid *g, const ringattn_plan_desc_t *d,
     g->heads[RA_HEADS_Q] = d->num_heads;
     g->heads[RA_HEADS_KV] = d->num_kv_heads ? d->num_kv_heads : d->num_heads;
     g->heads[RA_HEADS_BIAS] = d->key_bias_heads;
+    g->cache = d->sharded_cache != 0;
     for (int k = 0; k < RA_HEAD_KINDS; ++k)
         g->each[k] = g->heads[k] >= g->pu ? g->heads[k] / g->pu : 1;
     const ringattn_plan_desc_t in = inner_desc(g, d);
@@ -213,7 +226,7 @@ ringattn_status_t ra__grid_create(const char *fn, ringattn_comm_t comm, ringattn
 {
     /* Every rank reaches the agreements below, even with bad arguments (plan/plan.c). */
     const int pu = comm ? desc->ulysses_size : group->size;
-    ringattn_plan_desc_t d;
+    ringattn_plan_desc_t d = RINGATTN_PLAN_DESC_INIT;
     const struct ra_backend *be = NULL;
     ra_grid *g = calloc(1, sizeof *g);
     struct ringattn_plan *p = calloc(1, sizeof *p);
@@ -229,8 +242,10 @@ ringattn_status_t ra__grid_create(const char *fn, ringattn_comm_t comm, ringattn
                       fn, pu, comm->size);
     if (st == RINGATTN_SUCCESS) st = check_grid(fn, comm ? comm : group, pu, desc, &d, &be);
     if (st == RINGATTN_SUCCESS && !comm) st = check_grid(fn, ring, pu, desc, &d, &be);
+    ringattn_plan_desc_t agreed = d; /* the bounds of a sharded cache: by the inner plans */
+    agreed.cache_bounds = NULL;
     if (comm) { /* one comm: agree over it, then split it into groups of consecutive ranks */
-        st = ra__plan_agree(comm, &d, be, st);
+        st = ra__plan_agree(comm, &agreed, be, st);
         if (st == RINGATTN_SUCCESS) {
             /* strided groups are the places of consecutive groups of P_r, and vice versa */
             st = ra__comm_split_grid(comm, fn, d.ulysses_strided ? comm->size / pu : pu, g->owned);
@@ -240,7 +255,7 @@ ringattn_status_t ra__grid_create(const char *fn, ringattn_comm_t comm, ringattn
         group = g ? g->owned[s] : NULL, ring = g ? g->owned[!s] : NULL;
         for (int i = 0; i < 2 && st == RINGATTN_SUCCESS; ++i) g->owned[i]->refusals_elsewhere = 1;
     } else { /* the caller's two: agree over the group, then every group over the ring */
-        st = ra__plan_agree(ring, &d, be, ra__plan_agree(group, &d, be, st));
+        st = ra__plan_agree(ring, &agreed, be, ra__plan_agree(group, &agreed, be, st));
     }
     if (st == RINGATTN_SUCCESS) { /* every rank agreed: what follows fails only for memory */
         g->group = group, g->ring = ring, g->parent = comm;
@@ -298,6 +313,11 @@ void ra__grid_info(const struct ringattn_plan *p, ringattn_plan_info_t *info)
     const size_t D = (size_t)k->head_dim, Dv = (size_t)k->head_dim_v;
     const size_t gk = ra__grid_replicated(g, RA_HEADS_KV) ? f : es;
     size_t fwd[2] = {0, 0}, bwd[2] = {0, 0};
+    if (g->cache) { /* every rank gets every head's O and LSE of every query (forward only) */
+        info->alltoall_forward_bytes_sent = info->alltoall_forward_bytes_received =
+            (size_t)(g->pu - 1) * (size_t)g->rows * hq * (Dv * es + f);
+        return;
+    }
     const size_t qkv = (hq * D + hk * D + hk * Dv) * es + hb * f;
     move_bytes(g, qkv, 1, fwd);
     move_bytes(g, hq * Dv * es + hq * f, 0, fwd);                      /* O, LSE */

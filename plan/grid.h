@@ -48,6 +48,10 @@ typedef struct ra_grid {
     void *stage;
     size_t stage_bytes, bytes, host_bytes;
     int pinned; /* a call failed with the group's transport maybe still over these buffers */
+    /* A sharded KV cache (inference): every rank holds every query and its group's share of
+       the cache for its kv heads; the inner plan is a sharded cache over the ring comm, and the
+       group gathers every head's O and LSE (no sequence moves). */
+    int cache;
 } ra_grid;
 
 /* The first head of kind `kind` held by member m (its each[kind] heads follow). */
@@ -63,8 +67,11 @@ static inline int ra__grid_replicated(const ra_grid *g, int kind)
     return g->heads[kind] < g->pu;
 }
 
-/* The rows of member m. */
-static inline int64_t ra__grid_rows(const ra_grid *g, int m) { return g->off[m + 1] - g->off[m]; }
+/* The rows of member m (a KV cache plan's: every query). */
+static inline int64_t ra__grid_rows(const ra_grid *g, int m)
+{
+    return g->cache ? g->rows : g->off[m + 1] - g->off[m];
+}
 
 /*
  * ringattn_plan_create for desc->ulysses_size > 1 over one comm (split here into groups of

@@ -137,3 +137,27 @@ ringattn_status_t ra__ulysses_to_tokens(const ra_grid *g, const struct ra_backen
     }
     return RINGATTN_SUCCESS;
 }
+
+ringattn_status_t ra__ulysses_gather_heads(const ra_grid *g, const struct ra_backend *be,
+                                           const ra_ulysses_move *m, void *stream)
+{
+    const int me = g->member, each = g->each[m->kind], P = g->pu;
+    const int64_t n = g->rows;
+    const size_t bytes = (size_t)n * each * m->dim * m->mine->elem;
+    ra_msg send[RA_GRID_MAX_GROUP] = {{0}}, recv[RA_GRID_MAX_GROUP] = {{0}};
+    const ra_view own = shifted(m->mine, 0, ra__grid_first_head(g, m->kind, me));
+    const ra_view out = packed(slot(g, 0), each, m->dim, m->mine->elem); /* to every member */
+    RA_TRY(copy(be, m, g, &own, m->dtype, &out, m->dtype, n, stream));
+    for (int v = 0; v < P; ++v) {
+        send[v] = (ra_msg){out.data, v == me ? 0 : bytes, v};
+        recv[v] = (ra_msg){slot(g, P + v), v == me ? 0 : bytes, v};
+    }
+    RA_TRY(ra__comm_alltoall(g->group, send, recv, 1, stream, m->kind));
+    for (int v = 0; v < P; ++v) {
+        if (v == me) continue;
+        const ra_view src = packed(slot(g, P + v), each, m->dim, m->mine->elem);
+        const ra_view dst = shifted(m->mine, 0, ra__grid_first_head(g, m->kind, v));
+        RA_TRY(copy(be, m, g, &src, m->dtype, &dst, m->dtype, n, stream));
+    }
+    return RINGATTN_SUCCESS;
+}

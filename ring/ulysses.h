@@ -27,4 +27,10 @@ ringattn_status_t ra__ulysses_to_heads(const ra_grid *g, const struct ra_backend
 ringattn_status_t ra__ulysses_to_tokens(const ra_grid *g, const struct ra_backend *be,
                                         const ra_ulysses_move *m, void *stream);
 
+/* A KV cache plan's outputs (every query on every rank): this rank's heads of mine, written
+   by the inner plan, to every member of the group, and theirs into mine (an allgather by heads;
+   m->group is unused). */
+ringattn_status_t ra__ulysses_gather_heads(const ra_grid *g, const struct ra_backend *be,
+                                           const ra_ulysses_move *m, void *stream);
+
 #endif

@@ -71,6 +71,7 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     d.sharded_cache = 1;
     d.cache_bounds = l.bounds.empty() ? nullptr : l.bounds.data();
     d.cu_seqlens_new = l.cu_new.empty() ? nullptr : l.cu_new.data();
+    d.ulysses_size = opt.ulysses;
     if (opt.ring.desc_hook) opt.ring.desc_hook(rank, d);
     auto fail = [&](ringattn_status_t st, const std::string &why) {
         std::lock_guard<std::mutex> lk(mu);
@@ -120,6 +121,20 @@ void rank_work(const Problem &pb, const CacheLayout &l, ringattn_comm_t comm, in
     t.key_bias = Hb > 0 ? bias.bind() : nullptr;
     t.key_bias_new = Hb > 0 ? bias_new.bind() : nullptr;
     t.sinks = sinks.host.empty() ? nullptr : sinks.bind();
+    if (opt.ulysses > 1) { // this rank's kv heads (and bias heads) of the group's slots
+        const int pu = opt.ulysses, m = rank % pu, Hk = c.hkv(), hq = H / pu;
+        const auto first = [&](int heads) { return m * hq * heads / H; };
+        const int fk = first(Hk), fb = Hb ? first(Hb) : 0;
+        const size_t D = (size_t)c.D, Dv = (size_t)c.dv();
+        t.k = {(char *)t.k.data + (size_t)fk * D * e, (int64_t)(Hk * D), (int64_t)D};
+        t.v = {(char *)t.v.data + (size_t)fk * Dv * e, (int64_t)(Hk * Dv), (int64_t)Dv};
+        t.k_new = {(char *)t.k_new.data + (size_t)fk * D * e, (int64_t)(Hk * D), (int64_t)D};
+        t.v_new = {(char *)t.v_new.data + (size_t)fk * Dv * e, (int64_t)(Hk * Dv), (int64_t)Dv};
+        if (Hb) {
+            t.key_bias += (size_t)fb * keys.size();
+            t.key_bias_new += (size_t)fb * map.fresh.size();
+        }
+    }
     ratest::DeviceMemory &mem = ratest::device_memory();
     void *stream = mem.stream_create();
     st = ringattn_forward(plan, &t, stream);

@@ -26,6 +26,10 @@ struct CacheOptions {
     ringtest::RunOptions ring; // its comm (make_comm, nccl); desc_hook
     // Changes a rank's Q (host bytes of [T_q, H, D] in the dtype) before its call.
     std::function<void(int, std::vector<unsigned char> &)> edit_q;
+    // P_u > 1: a 2D plan (desc.ulysses_size; groups of consecutive ranks): each rank passes its
+    // group's cache slots of only its own kv heads (and key bias heads), as views into the
+    // slots of every head; CacheLayout.bounds then has P / P_u + 1 entries per sequence.
+    int ulysses = 0;
 };
 
 struct CacheResult {

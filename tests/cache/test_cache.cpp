@@ -74,6 +74,33 @@ TEST_CASE("Random decode and chunked prefill against a sharded cache match the f
     }
 }
 
+TEST_CASE("2D plans on a sharded cache: heads split across the group, the cache across groups")
+{
+    // P = 4 (2 x 2) and 6 (3 x 2, 2 x 3); each rank holds its group's slots of its own kv heads
+    const int grids[][2] = {{2, 2}, {3, 2}, {2, 3}};
+    for (int i = 0; i < ratest::sized(12, 3); ++i) {
+        const int pu = grids[i % 3][0], pr = grids[i % 3][1];
+        std::mt19937_64 rng(ratest::seed_for("cache 2d", (uint64_t)i));
+        Drawn d = draw(rng, pr); // the caller's bounds, if any, are per group
+        d.cfg.H = 6 * pu;        // H_kv split (H_kv = P_u) or replicated (1)
+        d.cfg.Hkv = i % 2 ? 1 : pu;
+        d.cfg.alibi = d.cfg.alibi.empty() ? d.cfg.alibi : ratest::alibi_slopes(d.cfg.H);
+        if (d.cfg.key_bias_heads > 1) d.cfg.key_bias_heads = d.cfg.hkv();
+        if (i % 3 == 1) {
+            d.cfg.sinks.assign((size_t)d.cfg.H, 0.5);
+            d.cfg.sinks[0] = -INFINITY;
+        }
+        Problem pb = ratest::packed_problem(d.cfg, ratest::seed_for("cache 2d pb", (uint64_t)i));
+        CacheOptions opt;
+        opt.ulysses = pu;
+        check_cache(run_cache(pb, d.layout, pu * pr, ringtest::all_layouts[i % 3], opt),
+                    forward_judge(pb), pb,
+                    "2D case " + std::to_string(i) + ", " + std::to_string(pu) + " x " +
+                        std::to_string(pr) + (d.layout.bounds.empty() ? "" : ", caller's bounds") +
+                        (d.layout.cu_new.empty() ? "" : ", new K/V"));
+    }
+}
+
 TEST_CASE("Attention sinks on a sharded cache: added once, at the merge, on every rank (SPEC 11)")
 {
     for (int i = 0; i < 8; ++i) {

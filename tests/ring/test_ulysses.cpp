@@ -322,9 +322,6 @@ TEST_CASE("2D plans that cannot be made fail on every rank at once", "[ulysses]"
         {"one rank's ulysses_size differs", 4,
          [](int r, ringattn_plan_desc_t &d) { d.ulysses_size = r == 3 ? 0 : 2; },
          RINGATTN_ERR_INVALID_ARGUMENT},
-        {"a KV cache", 4,
-         [](int, ringattn_plan_desc_t &d) { d.ulysses_size = 2, d.sharded_cache = 1; },
-         RINGATTN_ERR_UNSUPPORTED},
     };
     for (const Refusal &f : refusals) {
         INFO(f.what);
