@@ -78,6 +78,25 @@ TEST_CASE("Random decode and chunked prefill against a cache sharded over MPI", 
     }
 }
 
+TEST_CASE("2D plans on a cache sharded over MPI: heads across groups of 2", "[mpi][cache]")
+{
+    World w;
+    if (w.size % 2) return; // groups of 2 consecutive ranks
+    for (int i = 0; i < 6; ++i) {
+        std::mt19937_64 rng(ratest::seed_for("cache mpi 2d", (uint64_t)i));
+        Drawn d = draw(rng, w.size / 2); // the caller's bounds, if any, per group
+        d.cfg.H = 4;
+        d.cfg.Hkv = i % 2 ? 1 : 2; // replicated, or split
+        if (!d.cfg.alibi.empty()) d.cfg.alibi = ratest::alibi_slopes(d.cfg.H);
+        if (d.cfg.key_bias_heads > 1) d.cfg.key_bias_heads = d.cfg.hkv();
+        const Problem pb = ratest::packed_problem(d.cfg, ratest::seed_for("cache mpi 2d pb", (uint64_t)i));
+        CacheOptions opt;
+        opt.ulysses = 2;
+        check_here(w, run_cache_rank(pb, d.layout, w.comm, w.rank, ringtest::all_layouts[i % 3], opt),
+                   pb, "2D case " + std::to_string(i));
+    }
+}
+
 TEST_CASE("Queries that differ on one MPI rank are refused on every rank", "[mpi][cache]")
 {
     World w;
