@@ -39,6 +39,25 @@ static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan
     return in->be->check_tensor(in->ws, fn, name, data, v);
 }
 
+/* What every call checks first: the tensors struct (by its release's size), the stream for
+   the backend and both transports, and an LSE wherever there are rows. */
+static ringattn_status_t open_call(const char *fn, const ra_grid *g,
+                                   const ringattn_tensors_t *caller, void *stream, int64_t rows,
+                                   ringattn_tensors_t *t)
+{
+    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
+    RA_TRY(ra__tensors_in(fn, caller, t));
+    RA_CHECK(stream == NULL || g->inner->be->kind != RINGATTN_BACKEND_CPU,
+             RINGATTN_ERR_UNSUPPORTED, "%s: stream: got %p, expected NULL for the CPU backend",
+             fn, stream);
+    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
+    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
+    RA_CHECK(t->lse != NULL || rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    return RINGATTN_SUCCESS;
+}
+
 static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
                                     const ringattn_tensors_t *caller, void *stream, int backward,
                                     grid_args *a)
@@ -50,16 +69,8 @@ static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
     const int D = k->head_dim, Dv = k->head_dim_v;
     const int64_t n = ra__grid_rows(g, g->member);
     const ringattn_dtype_t dt = k->dtype;
-    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
     ringattn_tensors_t t;
-    RA_TRY(ra__tensors_in(fn, caller, &t));
-    RA_CHECK(stream == NULL || in->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
-             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
-    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
-    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
-    RA_CHECK(t.lse != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_TRY(open_call(fn, g, caller, stream, n, &t));
     RA_CHECK(Hb == 0 || t.key_bias != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: key_bias: got NULL, expected [key_bias_heads = %d, T_k] float32", fn, Hb);
     RA_CHECK(t.dsinks == NULL || t.sinks != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
@@ -111,16 +122,8 @@ static ringattn_status_t cache_args(const char *fn, struct ringattn_plan *p,
     const struct ringattn_plan *in = g->inner;
     const int H = g->heads[RA_HEADS_Q], D = in->kp.head_dim, Dv = in->kp.head_dim_v;
     const int64_t n = g->rows;
-    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
     ringattn_tensors_t t;
-    RA_TRY(ra__tensors_in(fn, caller, &t));
-    RA_CHECK(stream == NULL || in->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
-             "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
-    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
-    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
-    RA_CHECK(t.lse != NULL || n == 0, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
+    RA_TRY(open_call(fn, g, caller, stream, n, &t));
     RA_TRY(ra__view_make(fn, "q", t.q, in->kp.dtype, n, H, D, 0, &a->q));
     RA_TRY(ra__view_make(fn, "o", t.o, in->kp.dtype, n, H, Dv, 1, &a->o));
     a->lse = by_heads(t.lse, n);
