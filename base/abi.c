@@ -106,10 +106,19 @@ static const release tensors_releases[] = {
     {sizeof(struct ra_tensors_v0_3), offsetof(ringattn_tensors_t, sinks)},
     {sizeof(ringattn_tensors_t), sizeof(ringattn_tensors_t)},
 };
-/* The caller's transport table (ringattn_transport.h): one release so far, 0.3's. */
+/* The caller's transport table (ringattn_transport.h): 0.3's, and 0.6's with alltoall_start. */
+struct ra_transport_v0_3 {
+    size_t struct_size;
+    void *user;
+    void (*callbacks[5])(void); /* sendrecv_start, test, wait, allreduce, release */
+};
 static const release transport_releases[] = {
+    {sizeof(struct ra_transport_v0_3), offsetof(ringattn_transport_t, alltoall_start)},
     {sizeof(ringattn_transport_t), sizeof(ringattn_transport_t)},
 };
+_Static_assert(offsetof(ringattn_transport_t, alltoall_start) == sizeof(struct ra_transport_v0_3) &&
+                   sizeof(struct ra_transport_v0_3) != sizeof(ringattn_transport_t),
+               "0.3 transport fields are a prefix of the current table, and its size one release's");
 static const release info_releases[] = {
     {sizeof(struct ra_plan_info_v0_1), offsetof(ringattn_plan_info_t, backend)},
     {sizeof(struct ra_plan_info_v0_2), offsetof(ringattn_plan_info_t, ulysses_size)},

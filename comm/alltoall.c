@@ -14,6 +14,7 @@ ringattn_status_t ra__comm_alltoall(ringattn_comm_t c, const ra_msg *send, const
     RA_CHECK(slots >= 1 && slots <= RA_EXCHANGE_SLOTS, RINGATTN_ERR_INTERNAL,
              "ringattn: all-to-all of %d arrays", slots);
     const int P = c->size, r = c->rank;
+    if (c->ops->alltoall && slots == 1) return ra__comm_alltoall_op(c, send, recv);
     for (int k = 1; k < P; ++k) {
         const int to = (r + k) % P, from = (r - k + P) % P;
         ra_exchange x = {.step = step};

@@ -234,6 +234,13 @@ ringattn_status_t ra__comm_start(ringattn_comm_t c, ra_exchange *x, void *stream
     return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
 }
 
+ringattn_status_t ra__comm_alltoall_op(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv)
+{
+    RA_TRY(check_alive(c, "ringattn comm"));
+    const ringattn_status_t st = c->ops->alltoall(c, send, recv);
+    return st == RINGATTN_SUCCESS ? st : ra__comm_fail(c, st);
+}
+
 ringattn_status_t ra__comm_wait(ringattn_comm_t c, ra_exchange *x)
 {
     const ringattn_status_t st = c->ops->exchange_wait(c, x);

@@ -99,6 +99,10 @@ struct ra_comm_ops {
        c->size / group). New comms of c's transport and memory, each failing on its own; the
        caller destroys them (before c). */
     ringattn_status_t (*split_grid)(ringattn_comm_t c, int group, ringattn_comm_t out[2]);
+    /* Optional (NULL: ra__comm_alltoall runs size - 1 rounds of exchanges): one all-to-all of
+       one array in one request, send[r] to and recv[r] from rank r (bytes 0: nothing), waited
+       for against the deadline, on host memory. */
+    ringattn_status_t (*alltoall)(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv);
 };
 
 #define RA_COMM_REASON_BYTES 384
@@ -193,10 +197,15 @@ void ra__comm_beacon_detach(ringattn_comm_t c, void *stream);
  * sends to rank (r + k) % P and receives from rank (r - k) % P. Array i (< slots <=
  * RA_EXCHANGE_SLOTS) sends send[i * P + peer] and receives recv[i * P + peer] (the peer fields
  * are set here; this rank's own entries are not read; bytes 0: nothing moves). Ordered on
- * stream as the exchanges are (comm.h); `step` names it in messages.
+ * stream as the exchanges are (comm.h); `step` names it in messages. A transport with an
+ all-to-all of its own (ops->alltoall: the custom transport's alltoall_start) moves one array in
+ one request instead.
  */
 ringattn_status_t ra__comm_alltoall(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv,
                                     int slots, void *stream, int step);
+/* The transport's own all-to-all of one array (ops->alltoall, which must be set): fails fast
+   on a failed comm and fails the comm on a transport error, as ra__comm_start does. */
+ringattn_status_t ra__comm_alltoall_op(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv);
 /* The transport's split_grid (comm.h ops), or RINGATTN_ERR_UNSUPPORTED naming fn and the
    transport when it has none; a failed comm fails at once. */
 ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int group,

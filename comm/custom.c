@@ -47,6 +47,7 @@ typedef struct custom_impl {
     int num_orphans, cap_orphans;
     int lost;        /* given up and could not be kept: active for good */
     request *gather; /* [size] the allgather's requests, one per peer */
+    ringattn_transport_msg_t *a2a; /* [2 size] an all-to-all's sends, then its receives */
 } custom_impl;
 
 /* The first callback that failed on a set of requests, and its code. */
@@ -242,6 +243,26 @@ static ringattn_status_t cu_wait(ringattn_comm_t c, ra_exchange *x)
     return wait_all(c, s->req, RA_EXCHANGE_SLOTS, &s->fail, "exchange");
 }
 
+/* The transport's alltoall_start (ringattn_transport.h, since 0.6): one request, waited for as
+   an exchange's. */
+static ringattn_status_t cu_alltoall(ringattn_comm_t c, const ra_msg *send, const ra_msg *recv)
+{
+    custom_impl *impl = c->impl;
+    ringattn_transport_msg_t *s = impl->a2a, *v = impl->a2a + c->size;
+    request r = {NULL, -1, 0};
+    for (int q = 0; q < c->size; ++q) {
+        const int mine = q == c->rank;
+        s[q] = (ringattn_transport_msg_t){send[q].buf, mine ? 0 : send[q].bytes, q};
+        v[q] = (ringattn_transport_msg_t){recv[q].buf, mine ? 0 : recv[q].bytes, q};
+        if (v[q].bytes && r.peer < 0) r.peer = q;
+    }
+    const int rc = impl->t.alltoall_start(impl->t.user, s, v, ra__comm_next_tag(c), &r.handle);
+    if (rc != 0) return callback_error(c, &(failure){"alltoall_start", rc, r.peer});
+    r.live = 1;
+    failure f = {NULL, 0, -1};
+    return wait_all(c, &r, 1, &f, "all-to-all");
+}
+
 /* No callback reaches the peers: they fail at their deadlines (see the top). */
 static void cu_notify_failure(ringattn_comm_t c) { (void)c; }
 static int cu_peer_failed(ringattn_comm_t c)
@@ -277,23 +298,22 @@ static void cu_destroy(ringattn_comm_t c)
     if (impl->t.release) impl->t.release(impl->t.user);
     free(impl->orphans);
     free(impl->gather);
+    free(impl->a2a);
     free(impl);
     free(c);
 }
 
-static const struct ra_comm_ops custom_ops = {
-    .name = "custom",
-    .allreduce_i64 = cu_allreduce,
-    .allgather = cu_allgather,
-    .exchange_start = cu_start,
-    .exchange_test = cu_test,
-    .exchange_wait = cu_wait,
-    .notify_failure = cu_notify_failure,
-    .peer_failed = cu_peer_failed,
-    .still_active = cu_still_active,
-    .beat = cu_beat,
-    .destroy = cu_destroy,
-};
+/* The table, with the transport's own all-to-all where it has one (else rounds of batches). */
+#define CUSTOM_OPS(all_to_all)                                                                  \
+    {                                                                                           \
+        .name = "custom", .allreduce_i64 = cu_allreduce, .allgather = cu_allgather,            \
+        .exchange_start = cu_start, .exchange_test = cu_test, .exchange_wait = cu_wait,        \
+        .notify_failure = cu_notify_failure, .peer_failed = cu_peer_failed,                     \
+        .still_active = cu_still_active, .beat = cu_beat, .destroy = cu_destroy,                \
+        .alltoall = all_to_all                                                                  \
+    }
+static const struct ra_comm_ops custom_ops = CUSTOM_OPS(NULL);
+static const struct ra_comm_ops custom_ops_alltoall = CUSTOM_OPS(cu_alltoall);
 
 ringattn_status_t ra__comm_create_custom(const char *fn, const ringattn_transport_t *transport,
                                          int rank, int size, ringattn_comm_t *comm)
@@ -301,16 +321,20 @@ ringattn_status_t ra__comm_create_custom(const char *fn, const ringattn_transpor
     struct ringattn_comm *c = calloc(1, sizeof *c);
     custom_impl *impl = calloc(1, sizeof *impl);
     request *gather = impl ? calloc((size_t)size, sizeof *gather) : NULL;
-    if (!c || !impl || !gather || ra__registry_add(c) != 0) {
+    ringattn_transport_msg_t *a2a = impl ? calloc(2 * (size_t)size, sizeof *a2a) : NULL;
+    if (!c || !impl || !gather || !a2a || ra__registry_add(c) != 0) {
         free(c);
         free(impl);
         free(gather);
+        free(a2a);
         return ra__fail(RINGATTN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     impl->t = *transport;
     impl->gather = gather;
-    *c = (struct ringattn_comm){.ops = &custom_ops, .rank = rank, .size = size, .impl = impl,
-                                .device = -1};
+    impl->a2a = a2a;
+    *c = (struct ringattn_comm){.ops = transport->alltoall_start ? &custom_ops_alltoall
+                                                                 : &custom_ops,
+                                .rank = rank, .size = size, .impl = impl, .device = -1};
     *comm = c;
     return RINGATTN_SUCCESS;
 }

@@ -15,9 +15,8 @@
  *   slot i is a batch of its own on the exchange's tag + i, so that sender and receiver name
  *   the same tag whichever slots are empty), but a transport must honour the index. A 2D
    plan's all-to-all (ringattn_plan_create_2d over two comms of this transport: it cannot be
-   split by the library) is P - 1 rounds of such batches, in round k a send to rank + k and a
-   receive from rank - k, so a transport needs no entry of its own for it; a later release may
-   add an optional batched one, by the struct_size policy.
+   split by the library) is one alltoall_start where the transport has it (since 0.6), else
+   P - 1 rounds of such batches, in round k a send to rank + k and a receive from rank - k.
  * - allreduce: the agreements that open and close every collective call (a few int64 values).
  *   It is the only callback without a time limit from the library (the call blocks): bound it
  *   yourself, returning nonzero after about RINGATTN_COMM_TIMEOUT seconds, or a failure on one
@@ -106,9 +105,20 @@ typedef struct ringattn_transport {
        callback. Requests the library gave up that never reported *done = 1 are still live
        then: ending them is the transport's (the library has not freed their buffers). */
     void (*release)(void *user);
+    /* since 0.6, optional (NULL: the library runs an all-to-all as size - 1 rounds of
+       sendrecv_start). A 2D plan's all-to-all (ringattn_plan_create_2d) as one request:
+       sends[r] goes to rank r and recvs[r] comes from rank r, for every r of 0 .. size - 1 (so
+       sends[r].peer = recvs[r].peer = r; bytes 0: nothing between the pair, always so for this
+       rank's own entries), each pair's message on `tag` itself (0 <= tag <= 32767). Sizes agree
+       as for sendrecv_start; test and wait complete the request as theirs, and it is given up
+       the same way. A transport with a collective of its own (MPI_Ialltoallv,
+       torch.distributed's all_to_all) moves it in one call instead of size - 1 rounds. */
+    int (*alltoall_start)(void *user, const ringattn_transport_msg_t *sends,
+                          const ringattn_transport_msg_t *recvs, int tag, void **request);
 } ringattn_transport_t;
 
-#define RINGATTN_TRANSPORT_INIT {sizeof(ringattn_transport_t), NULL, NULL, NULL, NULL, NULL, NULL}
+#define RINGATTN_TRANSPORT_INIT \
+    {sizeof(ringattn_transport_t), NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /*
  * Makes this rank's comm over `transport` (copied: the caller's struct may go; `user` must live

@@ -76,6 +76,41 @@ int sendrecv_start(void *user, const ringattn_transport_msg_t *sends, int num_se
     return 0;
 }
 
+// alltoall_start: every pair's message on `tag` itself, entries indexed by rank.
+int alltoall_start(void *user, const ringattn_transport_msg_t *sends,
+                   const ringattn_transport_msg_t *recvs, int tag, void **request)
+{
+    Endpoint &ep = ep_of(user);
+    Guard g(ep);
+    if (!g.ok) return MISPLACED;
+    if (ep.inject("alltoall_start")) return FAULT;
+    const int P = ep.mb->size;
+    bool ok = tag >= 0 && tag <= 32767;
+    for (int q = 0; q < P; ++q) // the header's promises: peers by index, nothing to oneself
+        ok = ok && sends[q].peer == q && recvs[q].peer == q &&
+             (q != ep.rank || (sends[q].bytes == 0 && recvs[q].bytes == 0));
+    if (!ok) {
+        ++ep.bad_message;
+        return 90;
+    }
+    ++ep.alltoalls;
+    auto *r = new Request;
+    {
+        std::lock_guard<std::mutex> lk(ep.mb->mu);
+        for (int q = 0; q < P; ++q) {
+            if (recvs[q].bytes) r->recvs.push_back({recvs[q], tag, false});
+            if (!sends[q].bytes) continue;
+            const auto *p = static_cast<const unsigned char *>(sends[q].buf);
+            ep.mb->posted.push_back({ep.rank, q, tag, {p, p + sends[q].bytes}});
+            ep.bytes_sent += sends[q].bytes;
+        }
+    }
+    ep.mb->cv.notify_all();
+    ep.live.insert(r);
+    *request = r;
+    return 0;
+}
+
 // Lock held: takes the messages r waits for; 1 when all arrived, -1 on a size mismatch.
 int match(Endpoint &ep, Request *r)
 {
@@ -192,6 +227,7 @@ ringattn_transport_t table(Endpoint *ep)
     t.wait = wait;
     t.allreduce = allreduce;
     t.release = release;
+    if (ep->with_alltoall) t.alltoall_start = alltoall_start;
     return t;
 }
 
@@ -212,6 +248,7 @@ ringattn_status_t Network::make(int rank, int ranks, ringattn_comm_t *comm)
         ep->mb = mb;
         ep->rank = rank;
         ep->any_thread = any_thread;
+        ep->with_alltoall = with_alltoall;
     }
     ep->owner = std::this_thread::get_id();
     if (rank == fault_rank) ep->fail = fail, ep->fail_at = fail_at;

@@ -52,6 +52,8 @@ struct Endpoint {
     std::set<Request *> live;
     int releases = 0, live_at_release = 0, late_writes = 0;
     std::atomic<size_t> bytes_sent{0}; // every message's bytes this rank posted to send
+    bool with_alltoall = false;        // offer alltoall_start (ringattn_transport.h, 0.6)
+    std::atomic<int> alltoalls{0};     // alltoall_start calls
     std::string error_after_calls; // ringattn_last_error() after the rank's calls
     // Fault: the fail_at-th call (from 0) of callback `fail` (or of test and wait together:
     // "test|wait") returns FAULT.
@@ -80,6 +82,7 @@ struct Network {
     std::string fail;
     int fail_at = -1;
     bool any_thread = false; // every endpoint's any_thread
+    bool with_alltoall = false; // every endpoint's with_alltoall
 
     ringattn_status_t make(int rank, int ranks, ringattn_comm_t *comm);
     // Rank r's endpoint in a network of one run (its comms were all made by plan creation).

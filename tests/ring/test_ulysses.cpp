@@ -64,21 +64,23 @@ struct GridComms {
     std::vector<std::vector<unsigned char>> group_ids, ring_ids;
     std::vector<std::unique_ptr<mailbox::Network>> nets; // custom: a network per comm
     int pu, pr;
-    enum Kind { Threads, Nccl, Custom };
+    enum Kind { Threads, Nccl, Custom, CustomAlltoall };
     GridComms(int pu_, int pr_, Kind kind = Threads)
         : group((size_t)(pu_ * pr_)), ring((size_t)(pu_ * pr_)), pu(pu_), pr(pr_)
     {
         const bool use_nccl = kind == Nccl;
-        if (kind == Custom) { // the caller's transport (ringattn_transport.h): a mailbox each
+        if (kind == Custom || kind == CustomAlltoall) { // the caller's transport: a mailbox each
             for (int g = 0; g < pr; ++g) {
                 nets.emplace_back(new mailbox::Network);
                 nets.back()->any_thread = true; // made here, called on the ranks' threads
+                nets.back()->with_alltoall = kind == CustomAlltoall;
                 for (int m = 0; m < pu; ++m)
                     REQUIRE(nets.back()->make(m, pu, &group[(size_t)(g * pu + m)]) == 0);
             }
             for (int m = 0; m < pu; ++m) {
                 nets.emplace_back(new mailbox::Network);
                 nets.back()->any_thread = true;
+                nets.back()->with_alltoall = kind == CustomAlltoall;
                 for (int g = 0; g < pr; ++g)
                     REQUIRE(nets.back()->make(g, pr, &ring[(size_t)(g * pu + m)]) == 0);
             }
@@ -249,9 +251,11 @@ TEST_CASE("2D plans over two comms of a custom transport (the caller's callbacks
     uint64_t seed = 700;
     for (const Grid &g : {Grid{2, 2}, Grid{3, 2}})
         for (bool replicated : {false, true}) {
+            // with the transport's alltoall_start (one request) or without (rounds of batches)
+            const bool a2a_entry = replicated;
             const Problem pb = ratest::packed_problem(
                 grid_batch(ratest::ring_masks[3], RINGATTN_FLOAT32, g, replicated), seed++);
-            GridComms comms(g.pu, g.pr, GridComms::Custom);
+            GridComms comms(g.pu, g.pr, a2a_entry ? GridComms::CustomAlltoall : GridComms::Custom);
             RunOptions o = comms.options();
             // what each rank's plan says it sends per forward and backward, on both comms
             std::vector<ringattn_plan_info_t> info((size_t)(g.pu * g.pr));
@@ -278,6 +282,8 @@ TEST_CASE("2D plans over two comms of a custom transport (the caller's callbacks
                 const size_t a2a = comms.nets[(size_t)(r / g.pu)]->of(r % g.pu).bytes_sent;
                 const size_t ring = comms.nets[(size_t)(g.pr + r % g.pu)]->of(r / g.pu).bytes_sent;
                 CHECK(a2a == i.alltoall_forward_bytes_sent + i.alltoall_backward_bytes_sent);
+                const int entries = comms.nets[(size_t)(r / g.pu)]->of(r % g.pu).alltoalls;
+                CHECK((entries > 0) == a2a_entry); // the entry, where the transport has it
                 CHECK(ring == i.forward_bytes_sent + i.backward_bytes_sent);
                 CHECK(a2a > 0);
             }
