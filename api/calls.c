@@ -46,8 +46,8 @@ static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
 }
 
 /* The backend's own limits on a tensor argument (kernels/backend.h), when it has some. */
-static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan *p,
-                                      const char *name, const void *data, const ra_view *v)
+ringattn_status_t ra__call_check_memory(const char *fn, const struct ringattn_plan *p,
+                                        const char *name, const void *data, const ra_view *v)
 {
     if (!p->be->check_tensor || data == NULL) return RINGATTN_SUCCESS;
     return p->be->check_tensor(p->ws, fn, name, data, v);
@@ -80,14 +80,14 @@ static ringattn_status_t make_new_kv(const char *fn, struct ringattn_plan *p,
                          &a->k_new));
     RA_TRY(ra__view_make(fn, "v_new", t->v_new, k->dtype, tn, k->num_kv_heads, k->head_dim_v, 0,
                          &a->v_new));
-    RA_TRY(check_memory(fn, p, "k_new", a->k_new.data, &a->k_new));
-    RA_TRY(check_memory(fn, p, "v_new", a->v_new.data, &a->v_new));
+    RA_TRY(ra__call_check_memory(fn, p, "k_new", a->k_new.data, &a->k_new));
+    RA_TRY(ra__call_check_memory(fn, p, "v_new", a->v_new.data, &a->v_new));
     if (!k->bias_heads) return RINGATTN_SUCCESS;
     RA_CHECK(t->key_bias_new != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: key_bias_new: got NULL, expected [key_bias_heads = %d, T_new = %lld] float32",
              fn, k->bias_heads, (long long)tn);
     a->key_bias_new = t->key_bias_new;
-    RA_TRY(check_memory(fn, p, "key_bias_new", a->key_bias_new, NULL));
+    RA_TRY(ra__call_check_memory(fn, p, "key_bias_new", a->key_bias_new, NULL));
     return check_bias(fn, p, "key_bias_new", a->key_bias_new, tn, p->buf->host_new_bias);
 }
 
@@ -153,7 +153,8 @@ static ringattn_status_t check_tensors(const char *fn, struct ringattn_plan *p, 
     };
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
         if (tensors[i].rows && (backward || !tensors[i].backward_only))
-            RA_TRY(check_memory(fn, p, tensors[i].name, tensors[i].data, tensors[i].view));
+            RA_TRY(ra__call_check_memory(fn, p, tensors[i].name, tensors[i].data,
+                                         tensors[i].view));
     if (a->key_bias)
         RA_TRY(check_bias(fn, p, "key_bias", a->key_bias, tk, p->buf->host_own_bias));
     return make_new_kv(fn, p, t, a); /* a KV cache plan's, else nothing */

@@ -14,6 +14,14 @@ typedef struct ra_call_opts {
                                 out while the ring computes */
 } ra_call_opts;
 
+struct ringattn_plan;
+struct ra_view;
+/* The backend's own limits on a tensor argument (kernels/backend.h: check_tensor), when it has
+   some; a NULL tensor passes. */
+ringattn_status_t ra__call_check_memory(const char *fn, const struct ringattn_plan *p,
+                                        const char *name, const void *data,
+                                        const struct ra_view *v);
+
 /* A forward or backward call of a flat plan (a ring, a KV cache plan or one rank). */
 ringattn_status_t ra__call_plan(const char *fn, ringattn_plan_t plan, const ringattn_tensors_t *t,
                                 void *stream, int backward, const ra_call_opts *o);

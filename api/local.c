@@ -6,16 +6,6 @@
 #include "plan/plan.h"
 #include "base/view.h"
 
-/* Global index (into the packed batch of boundaries cu) of every row of shard sh, in order. */
-static void local_index(const ra_shard *sh, const int32_t *cu, int32_t *global_index)
-{
-    for (int i = 0; i < sh->num_segs; ++i) {
-        const ra_segment *seg = &sh->segs[i];
-        for (int64_t j = 0; j < seg->span.count; ++j)
-            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, cu, j);
-    }
-}
-
 /* *count rows of shard sh and, when global_index is not NULL, their indices by cu. */
 static ringattn_status_t local_rows(const char *fn, ringattn_plan_t plan, const ra_shard *sh,
                                     const int32_t *cu, int64_t *count, int32_t *global_index)
@@ -23,7 +13,7 @@ static ringattn_status_t local_rows(const char *fn, ringattn_plan_t plan, const 
     RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: count: got NULL, expected a pointer", fn);
     *count = sh->rows;
-    if (global_index) local_index(sh, cu, global_index);
+    if (global_index) ra__shard_global_index(sh, cu, global_index);
     ra__clear_error(); /* a success leaves no message behind, as every call (DESIGN: errors) */
     return RINGATTN_SUCCESS;
 }
@@ -35,7 +25,8 @@ static ringattn_status_t grid_rows(const char *fn, const ra_grid *g, int64_t *co
     RA_CHECK(count != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: count: got NULL, expected a pointer", fn);
     *count = ra__grid_rows(g, g->member);
-    if (global_index) memcpy(global_index, g->tokens, (size_t)*count * sizeof(int32_t));
+    if (global_index)
+        memcpy(global_index, ra__grid_tokens(g), (size_t)*count * sizeof(int32_t));
     ra__clear_error();
     return RINGATTN_SUCCESS;
 }
@@ -91,7 +82,7 @@ static ringattn_status_t move_rows(const char *fn, ringattn_plan_t p, ringattn_d
     RA_TRY(ra__view_make(fn, "global", global, dt, total, heads, dim, !to_local, &g));
     RA_TRY(ra__view_make(fn, "local", local, dt, rows, heads, dim, to_local, &l));
     for (int64_t r = 0; grid && r < rows; ++r)
-        move_row(&g, grid->tokens[r], &l, r, heads, dim, to_local);
+        move_row(&g, ra__grid_tokens(grid)[r], &l, r, heads, dim, to_local);
     for (int i = 0; !grid && i < q->num_segs; ++i) {
         const ra_segment *seg = &q->segs[i];
         for (int64_t j = 0; j < seg->span.count; ++j)

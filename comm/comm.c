@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/call_stream.h"
+#include "base/log.h"
 #include "base/registry.h"
 #include "comm/comm.h"
 
@@ -273,4 +274,15 @@ ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int gro
     out[0] = made[0];
     out[1] = made[1];
     return RINGATTN_SUCCESS;
+}
+
+int ra__comm_buffers_free_to_go(ringattn_comm_t c, int pinned, const char *what, size_t bytes,
+                                int rank, int ranks)
+{
+    if (!pinned) return 1;
+    if (ra__registry_contains(c) && c->ops->still_active(c) == 0) return 1;
+    ra__log(RA_LOG_WARN, RA_SUB_COMM, rank, ranks,
+            "ringattn_plan_destroy: the transport may still use %s after a failure; %zu bytes "
+            "stay allocated", what, bytes);
+    return 0;
 }

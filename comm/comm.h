@@ -213,6 +213,12 @@ ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int gro
 /* c's companion (if any) gets a heartbeat, at most every quarter deadline (a transport's wait
    that still progresses calls it). */
 void ra__comm_beat_companion(ringattn_comm_t c);
+/* May buffers that c's transport could still use go? pinned: a call on them failed with a
+   transport error. Not while c says something still runs over caller memory (an MPI send
+   cannot be cancelled): then the log (as rank of ranks) says that `what`, `bytes` of it, stays
+   allocated. */
+int ra__comm_buffers_free_to_go(ringattn_comm_t c, int pinned, const char *what, size_t bytes,
+                                int rank, int ranks);
 /* Called with the failure's message recorded (ra__last_error): the comm is failed. */
 ringattn_status_t ra__comm_fail(ringattn_comm_t c, ringattn_status_t st);
 

@@ -41,4 +41,16 @@ static inline int64_t ra__segment_global(const ra_segment *seg, const int32_t *c
     return cu[seg->span.seq] + seg->span.pos + j * seg->span.stride;
 }
 
+/* Global index (into the packed batch of boundaries cu) of every row of shard sh, in row
+   order: global_index has sh->rows entries. */
+static inline void ra__shard_global_index(const ra_shard *sh, const int32_t *cu,
+                                          int32_t *global_index)
+{
+    for (int i = 0; i < sh->num_segs; ++i) {
+        const ra_segment *seg = &sh->segs[i];
+        for (int64_t j = 0; j < seg->span.count; ++j)
+            global_index[seg->row + j] = (int32_t)ra__segment_global(seg, cu, j);
+    }
+}
+
 #endif

@@ -140,29 +140,12 @@ static ringattn_status_t grid_tokens(ra_grid *g)
     g->off = malloc(((size_t)g->pu + 1) * sizeof *g->off);
     RA_CHECK(g->off, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn_plan_create: out of memory");
     for (int m = 0; m <= g->pu; ++m) g->off[m] = (int64_t)m * g->rows / g->pu;
-    const int64_t first = g->cache ? 0 : g->off[g->member], n = ra__grid_rows(g, g->member);
-    g->tokens = malloc((size_t)(n ? n : 1) * sizeof *g->tokens);
+    g->tokens = malloc((size_t)(g->rows ? g->rows : 1) * sizeof *g->tokens);
     RA_CHECK(g->tokens, RINGATTN_ERR_OUT_OF_MEMORY, "ringattn_plan_create: out of memory");
-    for (int i = 0; i < q->num_segs; ++i)
-        for (int64_t j = 0; j < q->segs[i].span.count; ++j) {
-            const int64_t row = q->segs[i].row + j - first;
-            if (row >= 0 && row < n) g->tokens[row] = (int32_t)ra__segment_global(&q->segs[i], in->cu_q, j);
-        }
-    g->host_bytes = sizeof *g + ((size_t)g->pu + 1) * sizeof *g->off + (size_t)n * sizeof(int32_t);
+    ra__shard_global_index(q, in->cu_q, g->tokens);
+    g->host_bytes = sizeof *g + ((size_t)g->pu + 1) * sizeof *g->off +
+                    (size_t)g->rows * sizeof(int32_t);
     return RINGATTN_SUCCESS;
-}
-
-/* Can the all-to-all's buffers go? Not while the group's transport may still run over them
-   after a failure (an MPI send cannot be cancelled): then they stay allocated, logged (as a
-   flat plan's ring buffers: plan/plan.c). */
-static int buffers_free_to_go(const ra_grid *g)
-{
-    if (!g->pinned || (ra__registry_contains(g->group) && g->group->ops->still_active(g->group) == 0))
-        return 1;
-    ra__log(RA_LOG_WARN, RA_SUB_COMM, g->group->rank, g->group->size,
-            "ringattn_plan_destroy: the transport may still use a 2D plan's buffers after a "
-            "failure; %zu bytes stay allocated", g->bytes);
-    return 0;
 }
 
 static void grid_free(ra_grid *g, const struct ra_backend *be)
@@ -171,7 +154,10 @@ static void grid_free(ra_grid *g, const struct ra_backend *be)
     void *mem[] = {g->q, g->k, g->v, g->o, g->dout, g->dq, g->dk, g->dv, g->lse,
                    g->dlse, g->bias, g->dbias, g->dq_f32, g->stage};
     const int previous = g->inner ? ra__device_enter(g->inner) : -1;
-    const int free_them = be && buffers_free_to_go(g);
+    /* not while the group's transport may still run over them after a failure (comm.h) */
+    const int free_them = be && ra__comm_buffers_free_to_go(g->group, g->pinned,
+                                                             "a 2D plan's buffers", g->bytes,
+                                                             g->member, g->pu);
     for (size_t i = 0; free_them && i < sizeof mem / sizeof mem[0]; ++i)
         if (mem[i]) be->memory->free(mem[i]);
     if (g->inner) ra__device_leave(g->inner, previous);

@@ -39,7 +39,7 @@ typedef struct ra_grid {
     int each[RA_HEAD_KINDS];     /* of every rank: its share, at least 1 (replicated below P_u) */
     int64_t rows;                /* the group's tokens: the inner plan's local rows */
     int64_t *off;                /* [P_u + 1]: member m holds the group's rows off[m] .. off[m+1] */
-    int32_t *tokens;             /* this rank's rows' global indices */
+    int32_t *tokens;             /* the group's rows' global indices (ra__grid_tokens) */
     /* backend memory: the inner plan's tensors over the group's tokens (packed), the staging
        of the all-to-all, and the float32 dQ a single-rank inner backward sums into when kv
        heads are replicated */
@@ -65,6 +65,13 @@ static inline int ra__grid_first_head(const ra_grid *g, int kind, int m)
 static inline int ra__grid_replicated(const ra_grid *g, int kind)
 {
     return g->heads[kind] < g->pu;
+}
+
+/* This rank's rows' global indices (SPEC 8): its piece of the group's (a KV cache plan's:
+   every query). */
+static inline const int32_t *ra__grid_tokens(const ra_grid *g)
+{
+    return g->tokens + (g->cache ? 0 : g->off[g->member]);
 }
 
 /* The rows of member m (a KV cache plan's: every query). */

@@ -43,16 +43,12 @@ static void *plan_copy(struct ringattn_plan *p, const void *src, size_t bytes)
 }
 
 /* Can the ring's buffers go? Not while a transport may still run over them after a failure
-   (an MPI send cannot be cancelled): then they are left allocated, and the log says so. */
+   (comm/comm.h). */
 static int buffers_free_to_go(struct ringattn_plan *p)
 {
-    if (!p->pinned) return 1;
-    if (ra__registry_contains(p->comm) && p->comm->ops->still_active(p->comm) == 0) return 1;
-    ra__log(RA_LOG_WARN, RA_SUB_COMM, p->rank, p->ranks,
-            "ringattn_plan_destroy: the transport may still use the ring's buffers after a "
-            "failure; %zu bytes stay allocated",
-            p->buf ? p->buf->bytes + p->buf->host_bytes : (size_t)0);
-    return 0;
+    return ra__comm_buffers_free_to_go(p->comm, p->pinned, "the ring's buffers",
+                                       p->buf ? p->buf->bytes + p->buf->host_bytes : (size_t)0,
+                                       p->rank, p->ranks);
 }
 
 static void plan_free(struct ringattn_plan *p)
