@@ -32,13 +32,6 @@ static ra_view by_heads(const float *data, int64_t rows)
     return (ra_view){(char *)data, 1, rows, sizeof(float)};
 }
 
-static ringattn_status_t check_memory(const char *fn, const struct ringattn_plan *in,
-                                      const char *name, const void *data, const ra_view *v)
-{
-    if (!in->be->check_tensor || data == NULL) return RINGATTN_SUCCESS;
-    return in->be->check_tensor(in->ws, fn, name, data, v);
-}
-
 /* What every call checks first: the tensors struct (by its release's size), the stream for
    the backend and both transports, and an LSE wherever there are rows. */
 static ringattn_status_t open_call(const char *fn, const ra_grid *g,
@@ -104,7 +97,8 @@ static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
     };
     for (size_t i = 0; i < sizeof memory / sizeof memory[0]; ++i)
         if (n || !strcmp(memory[i].name, "sinks") || !strcmp(memory[i].name, "dsinks"))
-            RA_TRY(check_memory(fn, in, memory[i].name, memory[i].data, memory[i].view));
+            RA_TRY(ra__call_check_memory(fn, in, memory[i].name, memory[i].data,
+                                         memory[i].view));
     return RINGATTN_SUCCESS;
 }
 
@@ -128,10 +122,10 @@ static ringattn_status_t cache_args(const char *fn, struct ringattn_plan *p,
     RA_TRY(ra__view_make(fn, "o", t.o, in->kp.dtype, n, H, Dv, 1, &a->o));
     a->lse = by_heads(t.lse, n);
     a->sinks = t.sinks;
-    RA_TRY(check_memory(fn, in, "q", a->q.data, &a->q));
-    RA_TRY(check_memory(fn, in, "o", a->o.data, NULL));
-    RA_TRY(check_memory(fn, in, "lse", t.lse, NULL));
-    RA_TRY(check_memory(fn, in, "sinks", t.sinks, NULL));
+    RA_TRY(ra__call_check_memory(fn, in, "q", a->q.data, &a->q));
+    RA_TRY(ra__call_check_memory(fn, in, "o", a->o.data, NULL));
+    RA_TRY(ra__call_check_memory(fn, in, "lse", t.lse, NULL));
+    RA_TRY(ra__call_check_memory(fn, in, "sinks", t.sinks, NULL));
     const int first = ra__grid_first_head(g, RA_HEADS_Q, g->member);
     *inner = t;
     inner->q = (ringattn_tensor_t){a->q.data + (size_t)first * a->q.head * a->q.elem, a->q.row,
@@ -143,12 +137,6 @@ static ringattn_status_t cache_args(const char *fn, struct ringattn_plan *p,
     return RINGATTN_SUCCESS;
 }
 
-/* The inner plan's packed [group rows, heads, dim] tensor of this rank's heads. */
-static ra_view group_view(const ra_grid *g, void *data, int kind, int dim, size_t elem)
-{
-    return (ra_view){(char *)data, (int64_t)g->each[kind] * dim, dim, elem};
-}
-
 typedef struct mover {
     const ra_grid *g;
     const struct ra_backend *be;
@@ -156,25 +144,36 @@ typedef struct mover {
     ringattn_dtype_t dt;
 } mover;
 
-static ringattn_status_t to_heads(const mover *m, const ra_view *mine, void *group, int kind,
-                                  int dim, ringattn_dtype_t dt)
+/* The layouts a tensor of the move has: [T, heads, dim] (Q, K, V, O and their gradients) or
+   [heads, T] float32 (LSE, dLSE, the key bias and dBias), told, not guessed from strides (a
+   [T, 1, 1] tensor has the strides of either). */
+enum { BY_ROWS, BY_HEADS };
+
+/* The inner plan's tensor of this rank's heads over the group's rows: packed by rows, or
+   [heads, group rows]. */
+static ra_view group_view(const ra_grid *g, void *data, int layout, int kind, int dim,
+                          size_t elem)
+{
+    if (layout == BY_HEADS) return (ra_view){(char *)data, 1, g->rows, sizeof(float)};
+    return (ra_view){(char *)data, (int64_t)g->each[kind] * dim, dim, elem};
+}
+
+static ringattn_status_t to_heads(const mover *m, const ra_view *mine, void *group, int layout,
+                                  int kind, int dim, ringattn_dtype_t dt)
 {
     if (!mine->data) return RINGATTN_SUCCESS;
-    const int by_heads_layout = mine->row == 1 && dim == 1; /* [H, T] float32 */
-    const ra_view gv = by_heads_layout ? (ra_view){group, 1, m->g->rows, sizeof(float)}
-                                       : group_view(m->g, group, kind, dim, mine->elem);
+    const ra_view gv = group_view(m->g, group, layout, kind, dim, mine->elem);
     const ra_ulysses_move mv = {mine, &gv, dt, dt, kind, dim};
     return ra__ulysses_to_heads(m->g, m->be, &mv, m->stream);
 }
 
-static ringattn_status_t to_tokens(const mover *m, const ra_view *mine, void *group, int kind,
-                                   int dim, ringattn_dtype_t dt, ringattn_dtype_t group_dt)
+static ringattn_status_t to_tokens(const mover *m, const ra_view *mine, void *group, int layout,
+                                   int kind, int dim, ringattn_dtype_t dt,
+                                   ringattn_dtype_t group_dt)
 {
     if (!mine->data) return RINGATTN_SUCCESS;
-    const int by_heads_layout = mine->row == 1 && dim == 1;
     const size_t elem = group_dt == RINGATTN_FLOAT32 ? sizeof(float) : mine->elem;
-    const ra_view gv = by_heads_layout ? (ra_view){group, 1, m->g->rows, sizeof(float)}
-                                       : group_view(m->g, group, kind, dim, elem);
+    const ra_view gv = group_view(m->g, group, layout, kind, dim, elem);
     const ra_ulysses_move mv = {mine, &gv, dt, group_dt, kind, dim};
     return ra__ulysses_to_tokens(m->g, m->be, &mv, m->stream);
 }
@@ -184,15 +183,15 @@ static ringattn_status_t moves_in(const mover *m, const grid_args *a, int backwa
     const ra_grid *g = m->g;
     const int D = g->inner->kp.head_dim, Dv = g->inner->kp.head_dim_v;
     const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
-    RA_TRY(to_heads(m, &a->q, g->q, RA_HEADS_Q, D, m->dt));
-    RA_TRY(to_heads(m, &a->k, g->k, RA_HEADS_KV, D, m->dt));
-    RA_TRY(to_heads(m, &a->v, g->v, RA_HEADS_KV, Dv, m->dt));
-    RA_TRY(to_heads(m, &a->bias, g->bias, RA_HEADS_BIAS, 1, f32));
+    RA_TRY(to_heads(m, &a->q, g->q, BY_ROWS, RA_HEADS_Q, D, m->dt));
+    RA_TRY(to_heads(m, &a->k, g->k, BY_ROWS, RA_HEADS_KV, D, m->dt));
+    RA_TRY(to_heads(m, &a->v, g->v, BY_ROWS, RA_HEADS_KV, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->bias, g->bias, BY_HEADS, RA_HEADS_BIAS, 1, f32));
     if (!backward) return RINGATTN_SUCCESS;
-    RA_TRY(to_heads(m, &a->o, g->o, RA_HEADS_Q, Dv, m->dt));
-    RA_TRY(to_heads(m, &a->dout, g->dout, RA_HEADS_Q, Dv, m->dt));
-    RA_TRY(to_heads(m, &a->lse, g->lse, RA_HEADS_Q, 1, f32));
-    return to_heads(m, &a->dlse, g->dlse, RA_HEADS_Q, 1, f32);
+    RA_TRY(to_heads(m, &a->o, g->o, BY_ROWS, RA_HEADS_Q, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->dout, g->dout, BY_ROWS, RA_HEADS_Q, Dv, m->dt));
+    RA_TRY(to_heads(m, &a->lse, g->lse, BY_HEADS, RA_HEADS_Q, 1, f32));
+    return to_heads(m, &a->dlse, g->dlse, BY_HEADS, RA_HEADS_Q, 1, f32);
 }
 
 /* A KV cache plan: every head's O and LSE from the member that computed it. */
@@ -225,14 +224,14 @@ static ringattn_status_t moves_out(const mover *m, const grid_args *a, int backw
     const int D = g->inner->kp.head_dim, Dv = g->inner->kp.head_dim_v;
     const ringattn_dtype_t f32 = RINGATTN_FLOAT32;
     if (!backward) {
-        RA_TRY(to_tokens(m, &a->o, g->o, RA_HEADS_Q, Dv, m->dt, m->dt));
-        return to_tokens(m, &a->lse, g->lse, RA_HEADS_Q, 1, f32, f32);
+        RA_TRY(to_tokens(m, &a->o, g->o, BY_ROWS, RA_HEADS_Q, Dv, m->dt, m->dt));
+        return to_tokens(m, &a->lse, g->lse, BY_HEADS, RA_HEADS_Q, 1, f32, f32);
     }
     const ringattn_dtype_t dkv = ra__grid_replicated(g, RA_HEADS_KV) ? f32 : m->dt;
-    RA_TRY(to_tokens(m, &a->dq, g->dq, RA_HEADS_Q, D, m->dt, m->dt));
-    RA_TRY(to_tokens(m, &a->dk, g->dk, RA_HEADS_KV, D, m->dt, dkv));
-    RA_TRY(to_tokens(m, &a->dv, g->dv, RA_HEADS_KV, Dv, m->dt, dkv));
-    RA_TRY(to_tokens(m, &a->dbias, g->dbias, RA_HEADS_BIAS, 1, f32, f32));
+    RA_TRY(to_tokens(m, &a->dq, g->dq, BY_ROWS, RA_HEADS_Q, D, m->dt, m->dt));
+    RA_TRY(to_tokens(m, &a->dk, g->dk, BY_ROWS, RA_HEADS_KV, D, m->dt, dkv));
+    RA_TRY(to_tokens(m, &a->dv, g->dv, BY_ROWS, RA_HEADS_KV, Dv, m->dt, dkv));
+    RA_TRY(to_tokens(m, &a->dbias, g->dbias, BY_HEADS, RA_HEADS_BIAS, 1, f32, f32));
     return a->dsinks ? zero_other_sinks(m, a->dsinks) : RINGATTN_SUCCESS;
 }
 
@@ -258,7 +257,7 @@ static ringattn_tensors_t inner_tensors(const ra_grid *g, const grid_args *a, in
 static ringattn_status_t fail_all(ra_grid *g, ringattn_status_t st)
 {
     if (st != RINGATTN_ERR_COMM) return st;
-    if (g->group->ops->still_active(g->group)) g->pinned = 1; /* plan/grid.c: buffers_free_to_go */
+    if (g->group->ops->still_active(g->group)) g->pinned = 1; /* plan/grid.c: grid_free */
     ringattn_comm_t all[3] = {g->group, g->ring, g->parent};
     for (int i = 0; i < 3; ++i)
         if (all[i] && !all[i]->failed) (void)ra__comm_fail(all[i], st);

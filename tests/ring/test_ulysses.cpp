@@ -306,6 +306,21 @@ TEST_CASE("2D plans over NCCL communicators of the caller's (the fake NCCL)", "[
     }
 }
 
+TEST_CASE("2D plans with a head dimension of 1 and one kv head (strides of either layout)",
+          "[ulysses]")
+{
+    // K [T, 1, 1] has the strides of a [1, T] tensor: the moves must know its layout. The
+    // CUDA kernels take head dims in multiples of 8: the CPU backend's moves are the same code
+    if (!ratest::device_memory().is_host()) return;
+    for (ringattn_dtype_t dt : {RINGATTN_FLOAT32, RINGATTN_BFLOAT16}) {
+        AttnConfig c = ratest::ring_batch(ratest::ring_masks[1], dt);
+        c.H = 2, c.Hkv = 1, c.D = 1;
+        const Problem pb = ratest::packed_problem(c, 800 + (uint64_t)dt);
+        ringtest::check_result(ringtest::run(pb, 4, RINGATTN_LAYOUT_ZIGZAG, one_comm(2)),
+                               ringtest::judge_of(pb), pb, "D = 1, H_kv = 1, 2 x 2");
+    }
+}
+
 TEST_CASE("2D plans that cannot be made fail on every rank at once", "[ulysses]")
 {
     const Problem pb = ratest::packed_problem(grid_batch(ratest::ring_masks[1], RINGATTN_FLOAT32,
