@@ -15,34 +15,51 @@
 #include "ring/ring.h"
 #include "api/calls.h"
 
-static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
-                                    const ringattn_tensors_t *caller, void *stream,
-                                    ringattn_tensors_t *t)
+ringattn_status_t ra__call_open(const char *fn, const struct ra_backend *be,
+                               const ringattn_comm_t *comms, int num_comms,
+                               const ringattn_tensors_t *caller, void *stream, int64_t rows,
+                               ringattn_tensors_t *t)
 {
     RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
     RA_TRY(ra__tensors_in(fn, caller, t));
-    RA_CHECK(t->lse != NULL || plan->kp.queries->rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
+    RA_CHECK(t->lse != NULL || rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
              "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
-    RA_CHECK(stream == NULL || plan->be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
+    RA_CHECK(stream == NULL || be->kind != RINGATTN_BACKEND_CPU, RINGATTN_ERR_UNSUPPORTED,
              "%s: stream: got %p, expected NULL for the CPU backend", fn, stream);
-    if (plan->comm) RA_TRY(ra__comm_check_stream(plan->comm, fn, stream));
-    plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
-    if ((plan->comm || t->key_bias || plan->kind->waits_on_host) &&
-        ra__memory_on_device(plan->be->memory)) {
-        /* a capture records work without running it, and a ring call's agreements, like a key
-           bias's check and thresholds, wait on the host for values its queued work produces
-           (DESIGN: the NCCL transport) */
-        int capturing = 0;
-        RA_TRY(plan->be->memory->stream_capturing(stream, &capturing));
-        const int of_kind = !plan->comm && plan->kind->waits_on_host; /* "of a KV cache plan" */
-        RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
-                 "%s: stream: it is capturing a CUDA graph, but a call %s%s cannot be captured "
-                 "(it waits on the host for its queued work); call it outside the capture", fn,
-                 plan->comm ? "over a comm" : of_kind ? "of " : "with a key bias",
-                 of_kind ? plan->kind->name : "");
-    }
+    for (int i = 0; i < num_comms; ++i)
+        if (comms[i]) RA_TRY(ra__comm_check_stream(comms[i], fn, stream));
     return RINGATTN_SUCCESS;
+}
+
+ringattn_status_t ra__call_refuse_capture(const char *fn, const struct ra_backend *be,
+                                          void *stream, const char *why, const char *what)
+{
+    if (!ra__memory_on_device(be->memory)) return RINGATTN_SUCCESS;
+    /* a capture records work without running it, and a ring call's agreements, like a key
+       bias's check and thresholds, wait on the host for values its queued work produces
+       (DESIGN: the NCCL transport) */
+    int capturing = 0;
+    RA_TRY(be->memory->stream_capturing(stream, &capturing));
+    RA_CHECK(!capturing, RINGATTN_ERR_UNSUPPORTED,
+             "%s: stream: it is capturing a CUDA graph, but a call %s%s cannot be captured "
+             "(it waits on the host for its queued work); call it outside the capture", fn, why,
+             what);
+    return RINGATTN_SUCCESS;
+}
+
+static ringattn_status_t check_call(const char *fn, ringattn_plan_t plan,
+                                    const ringattn_tensors_t *caller, void *stream,
+                                    ringattn_tensors_t *t)
+{
+    RA_TRY(ra__call_open(fn, plan->be, &plan->comm, 1, caller, stream, plan->kp.queries->rows,
+                         t));
+    plan->stream.device = stream; /* a device backend's calls run on the caller's stream */
+    if (!plan->comm && !t->key_bias && !plan->kind->waits_on_host) return RINGATTN_SUCCESS;
+    const int of_kind = !plan->comm && plan->kind->waits_on_host; /* "of a KV cache plan" */
+    return ra__call_refuse_capture(fn, plan->be, stream,
+                                   plan->comm ? "over a comm" : of_kind ? "of " : "with a key bias",
+                                   of_kind ? plan->kind->name : "");
 }
 
 /* The backend's own limits on a tensor argument (kernels/backend.h), when it has some. */

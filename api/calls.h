@@ -16,6 +16,19 @@ typedef struct ra_call_opts {
 
 struct ringattn_plan;
 struct ra_view;
+struct ra_backend;
+
+/* What every call checks first: the caller's tensors struct (by its release's size, into *t),
+   an LSE wherever there are rows, a stream the backend and each comm's transport (NULL ones
+   skipped) can order the call on. */
+ringattn_status_t ra__call_open(const char *fn, const struct ra_backend *be,
+                               const ringattn_comm_t *comms, int num_comms,
+                               const ringattn_tensors_t *caller, void *stream, int64_t rows,
+                               ringattn_tensors_t *t);
+/* A call that waits on the host for its queued work refuses a device stream that captures a
+   CUDA graph, before anything is queued; the message says why: "a call <why><what>". */
+ringattn_status_t ra__call_refuse_capture(const char *fn, const struct ra_backend *be,
+                                          void *stream, const char *why, const char *what);
 /* The backend's own limits on a tensor argument (kernels/backend.h: check_tensor), when it has
    some; a NULL tensor passes. */
 ringattn_status_t ra__call_check_memory(const char *fn, const struct ringattn_plan *p,

@@ -32,23 +32,15 @@ static ra_view by_heads(const float *data, int64_t rows)
     return (ra_view){(char *)data, 1, rows, sizeof(float)};
 }
 
-/* What every call checks first: the tensors struct (by its release's size), the stream for
-   the backend and both transports, and an LSE wherever there are rows. */
+/* What every call checks first (api/calls.h), over both comms; a 2D call always waits on the
+   host (its agreements), so a capturing stream is refused before anything moves. */
 static ringattn_status_t open_call(const char *fn, const ra_grid *g,
                                    const ringattn_tensors_t *caller, void *stream, int64_t rows,
                                    ringattn_tensors_t *t)
 {
-    RA_CHECK(caller != NULL, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: tensors: got NULL, expected a ringattn_tensors_t", fn);
-    RA_TRY(ra__tensors_in(fn, caller, t));
-    RA_CHECK(stream == NULL || g->inner->be->kind != RINGATTN_BACKEND_CPU,
-             RINGATTN_ERR_UNSUPPORTED, "%s: stream: got %p, expected NULL for the CPU backend",
-             fn, stream);
-    RA_TRY(ra__comm_check_stream(g->group, fn, stream));
-    RA_TRY(ra__comm_check_stream(g->ring, fn, stream));
-    RA_CHECK(t->lse != NULL || rows == 0, RINGATTN_ERR_INVALID_ARGUMENT,
-             "%s: lse: got NULL, expected [num_heads, T_q] float32", fn);
-    return RINGATTN_SUCCESS;
+    const ringattn_comm_t comms[2] = {g->group, g->ring};
+    RA_TRY(ra__call_open(fn, g->inner->be, comms, 2, caller, stream, rows, t));
+    return ra__call_refuse_capture(fn, g->inner->be, stream, "of a 2D plan", "");
 }
 
 static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
@@ -89,11 +81,13 @@ static ringattn_status_t check_args(const char *fn, struct ringattn_plan *p,
         const void *data;
         const ra_view *view;
     } memory[] = {
-        {"q", a->q.data, &a->q},        {"k", a->k.data, &a->k},      {"v", a->v.data, &a->v},
-        {"o", a->o.data, NULL},         {"lse", a->lse.data, NULL},   {"key_bias", a->bias.data, NULL},
-        {"sinks", a->sinks, NULL},      {"dout", a->dout.data, NULL}, {"dq", a->dq.data, NULL},
-        {"dk", a->dk.data, NULL},       {"dv", a->dv.data, NULL},     {"dlse", a->dlse.data, NULL},
-        {"dbias", a->dbias.data, NULL}, {"dsinks", a->dsinks, NULL},
+        {"q", a->q.data, &a->q},          {"k", a->k.data, &a->k},
+        {"v", a->v.data, &a->v},          {"o", a->o.data, NULL},
+        {"lse", a->lse.data, NULL},       {"key_bias", a->bias.data, NULL},
+        {"sinks", a->sinks, NULL},        {"dout", a->dout.data, NULL},
+        {"dq", a->dq.data, NULL},         {"dk", a->dk.data, NULL},
+        {"dv", a->dv.data, NULL},         {"dlse", a->dlse.data, NULL},
+        {"dbias", a->dbias.data, NULL},   {"dsinks", a->dsinks, NULL},
     };
     for (size_t i = 0; i < sizeof memory / sizeof memory[0]; ++i)
         if (n || !strcmp(memory[i].name, "sinks") || !strcmp(memory[i].name, "dsinks"))

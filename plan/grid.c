@@ -65,8 +65,8 @@ static ringattn_plan_desc_t inner_desc(const ra_grid *g, const ringattn_plan_des
     in.num_heads = g->each[RA_HEADS_Q];
     in.num_kv_heads = g->each[RA_HEADS_KV];
     in.key_bias_heads = d->key_bias_heads ? g->each[RA_HEADS_BIAS] : 0;
-    in.alibi_slopes = d->alibi_slopes ? d->alibi_slopes + ra__grid_first_head(g, RA_HEADS_Q, g->member)
-                                      : NULL;
+    const int first = ra__grid_first_head(g, RA_HEADS_Q, g->member);
+    in.alibi_slopes = d->alibi_slopes ? d->alibi_slopes + first : NULL;
     in.ulysses_size = 0;
     return in;
 }
@@ -116,7 +116,8 @@ static ringattn_status_t grid_buffers(const struct ra_backend *be, ra_grid *g,
     if (g->pr == 1 && ra__grid_replicated(g, RA_HEADS_KV))
         g->dq_f32 = grid_alloc(be, g, N * hq * D * f, &st);
     int64_t piece = 0;
-    for (int m = 0; m < g->pu; ++m) piece = ra__grid_rows(g, m) > piece ? ra__grid_rows(g, m) : piece;
+    for (int m = 0; m < g->pu; ++m)
+        piece = ra__grid_rows(g, m) > piece ? ra__grid_rows(g, m) : piece;
     /* the widest row any staged tensor has, in its own type (float32: LSE, the key bias and
        the replicated kv heads' sums) */
     const size_t DD = D > Dv ? D : Dv;

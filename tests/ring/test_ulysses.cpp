@@ -321,6 +321,21 @@ TEST_CASE("2D plans with a head dimension of 1 and one kv head (strides of eithe
     }
 }
 
+TEST_CASE("a 2D call on a stream capturing a CUDA graph is refused on every rank", "[ulysses]")
+{
+    // its agreements wait on the host: refused before anything is queued (the all-to-all
+    // included); the same plan then runs as usual
+    if (ratest::device_memory().is_host()) return; // no streams on the CPU backend
+    const Grid g{2, 2};
+    const Problem pb = ratest::packed_problem(
+        grid_batch(ratest::ring_masks[1], RINGATTN_BFLOAT16, g, false), 900);
+    RunOptions opt = one_comm(g.pu);
+    opt.capture_first_call = true;
+    const Result r = ringtest::run(pb, g.pu * g.pr, RINGATTN_LAYOUT_ZIGZAG, opt);
+    for (ringattn_status_t st : r.edited_status) CHECK(st == RINGATTN_ERR_UNSUPPORTED);
+    ringtest::check_result(r, ringtest::judge_of(pb), pb, "after the capture");
+}
+
 TEST_CASE("2D plans that cannot be made fail on every rank at once", "[ulysses]")
 {
     const Problem pb = ratest::packed_problem(grid_batch(ratest::ring_masks[1], RINGATTN_FLOAT32,
