@@ -268,6 +268,8 @@ ringattn_status_t ra__comm_split_grid(ringattn_comm_t c, const char *fn, int gro
              "%s: group: got %d, expected a divisor of the comm's %d ranks", fn, group, c->size);
     ringattn_comm_t made[2] = {NULL, NULL};
     const ringattn_status_t st = c->ops->split_grid(c, group, made);
+    if (st != RINGATTN_SUCCESS) /* what the transport made before it failed goes */
+        for (int i = 0; i < 2; ++i) ra__comm_destroy(made[i]);
     /* a transport error (a peer's failure, the deadline) is the comm's, as in any collective */
     if (st == RINGATTN_ERR_COMM) return fail_in(c, st, fn, "splitting the comm");
     RA_TRY(st);

@@ -97,7 +97,8 @@ struct ra_comm_ops {
        ranks. out[0]: this rank's group (its rank there c->rank % group, of group);
        out[1]: the ranks at this rank's place in every group (rank c->rank / group, of
        c->size / group). New comms of c's transport and memory, each failing on its own; the
-       caller destroys them (before c). */
+       caller destroys them (before c). out[] comes NULL: on a failure what it holds then (the
+       comms made before it) is destroyed by ra__comm_split_grid. */
     ringattn_status_t (*split_grid)(ringattn_comm_t c, int group, ringattn_comm_t out[2]);
     /* Optional (NULL: ra__comm_alltoall runs size - 1 rounds of exchanges): one all-to-all of
        one array in one request, send[r] to and recv[r] from rank r (bytes 0: nothing), waited

@@ -311,15 +311,8 @@ static ringattn_status_t mpi_split_grid(ringattn_comm_t c, int group, ringattn_c
             if (part[i] != MPI_COMM_NULL) MPI_Comm_free(&part[i]);
         return ra__mpi_error(c, "MPI_Comm_split", rc0 != MPI_SUCCESS ? rc0 : rc1);
     }
-    ringattn_comm_t made[2] = {NULL, NULL};
-    ringattn_status_t st = comm_new(fn, part[0], impl->chunk, &made[0]);
-    if (st == RINGATTN_SUCCESS) st = comm_new(fn, part[1], impl->chunk, &made[1]);
-    else MPI_Comm_free(&part[1]);
-    if (st != RINGATTN_SUCCESS) {
-        ra__comm_destroy(made[0]);
-        return st;
-    }
-    out[0] = made[0];
-    out[1] = made[1];
-    return RINGATTN_SUCCESS;
+    const ringattn_status_t st = comm_new(fn, part[0], impl->chunk, &out[0]);
+    if (st == RINGATTN_SUCCESS) return comm_new(fn, part[1], impl->chunk, &out[1]);
+    MPI_Comm_free(&part[1]); /* no comm took it */
+    return st;
 }

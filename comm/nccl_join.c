@@ -61,7 +61,6 @@ ringattn_status_t ra__nccl_split_grid(ncclComm_t nc, int rank, int group, int de
     RA_CHECK(previous >= 0, RINGATTN_ERR_CUDA, "%s: device %d: cannot make it current", fn, device);
     const int colors[2] = {rank / group, rank % group}; /* key: rank, so ranks keep their order */
     ncclComm_t part[2] = {NULL, NULL};
-    ringattn_comm_t made[2] = {NULL, NULL};
     ringattn_status_t st = RINGATTN_SUCCESS;
     for (int i = 0; i < 2; ++i) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -74,17 +73,12 @@ ringattn_status_t ra__nccl_split_grid(ncclComm_t nc, int rank, int group, int de
                           r == ncclInProgress ? "not every rank split in time"
                                               : ncclGetErrorString(r));
     }
-    for (int i = 0; i < 2; ++i) {
-        if (st == RINGATTN_SUCCESS) st = ra__comm_create_nccl(fn, part[i], 1, dev, &made[i]);
-        if (!made[i] && part[i]) ncclCommAbort(part[i]);
+    for (int i = 0; i < 2; ++i) { /* what a failure leaves in out[] goes (comm.h) */
+        if (st == RINGATTN_SUCCESS) st = ra__comm_create_nccl(fn, part[i], 1, dev, &out[i]);
+        if (!out[i] && part[i]) ncclCommAbort(part[i]);
     }
-    if (st != RINGATTN_SUCCESS)
-        for (int i = 0; i < 2; ++i) ra__comm_destroy(made[i]);
     dev->set_device(previous);
-    RA_TRY(st);
-    out[0] = made[0];
-    out[1] = made[1];
-    return RINGATTN_SUCCESS;
+    return st;
 }
 #else
 ringattn_status_t ra__nccl_split_grid(ncclComm_t nc, int rank, int group, int device,

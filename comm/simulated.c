@@ -80,19 +80,8 @@ static void sim_destroy(ringattn_comm_t c) { free(c); }
 
 static ringattn_status_t sim_split_grid(ringattn_comm_t c, int group, ringattn_comm_t out[2])
 {
-    ringattn_comm_t made[2] = {NULL, NULL};
-    ringattn_status_t st = ra__comm_create_simulated(NAME ": split", c->rank % group, group,
-                                                     &made[0]);
-    if (st == RINGATTN_SUCCESS)
-        st = ra__comm_create_simulated(NAME ": split", c->rank / group, c->size / group,
-                                       &made[1]);
-    if (st != RINGATTN_SUCCESS) {
-        ra__comm_destroy(made[0]);
-        return st;
-    }
-    out[0] = made[0];
-    out[1] = made[1];
-    return RINGATTN_SUCCESS;
+    RA_TRY(ra__comm_create_simulated(NAME ": split", c->rank % group, group, &out[0]));
+    return ra__comm_create_simulated(NAME ": split", c->rank / group, c->size / group, &out[1]);
 }
 
 static const struct ra_comm_ops simulated_ops = {
